@@ -1,0 +1,268 @@
+"""The plain NumPy backend: attention composed from NumPy primitives.
+
+Every op is built from matmul, exp, tanh and ``np.where`` following the score pipeline
+of docs/interface.md, and the backward pass of sdpa is derived by hand (no autodiff).
+float64 and float32 are computed in their own precision; float16 and bfloat16 are
+upcast to float32 and the result is rounded back to the input dtype once, at the end.
+
+Declared policies, and why they hold:
+- ``fully_masked_rows: zeros``: a row with no allowed key (mask, causal, window) gets
+  weights, output and gradients of exactly 0;
+- ``neg_inf_bias_rows: nan``: a row emptied only by -inf biases is left to the plain
+  softmax, which gives NaN (-inf minus -inf);
+- ``masked_key_nan: ignored``: disallowed scores are replaced by -inf with ``np.where``,
+  so a NaN computed from a masked-out key never reaches the softmax;
+- ``masked_value_nan: propagates``: the output is ``P @ V`` and ``0 * NaN`` is NaN.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
+import numpy as np
+
+_OPS = ("softmax", "scores", "attention_weights", "sdpa", "self_attention",
+        "multi_head_attention", "sdpa_vjp")
+
+#: input dtype name -> dtype the arithmetic is done in
+_COMPUTE = {"float64": np.float64, "float32": np.float32,
+            "float16": np.float32, "bfloat16": np.float32}
+
+_CAUSAL = (None, "top_left", "bottom_right")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _dtypes(x):
+    """(input dtype, compute dtype) of a floating input; unsupported dtypes raise."""
+    dt = np.dtype(x.dtype)
+    if dt.name not in _COMPUTE:
+        raise NotImplementedError(f"numpy backend: dtype {dt.name} is not supported")
+    return dt, np.dtype(_COMPUTE[dt.name])
+
+
+def _cast(x, ct):
+    """A fresh copy of x in the compute dtype (None stays None)."""
+    return None if x is None else np.asarray(x).astype(ct)
+
+
+def _mask(mask):
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    if mask.dtype != np.bool_:
+        raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+    return mask
+
+
+def _swap(x):
+    return np.swapaxes(x, -1, -2)
+
+
+def _softmax(s, axis=-1):
+    """Max-subtracted softmax; a row of all -inf gives NaN, as a plain softmax does."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        m = np.max(s, axis=axis, keepdims=True, initial=-np.inf)
+        e = np.exp(s - m)
+        return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _expand_kv(x, q):
+    """Repeat kv heads so that query head h reads kv head h // (Hq // Hkv)."""
+    if q.ndim < 3 or x.ndim < 3:
+        return x
+    hq, hkv = q.shape[-3], x.shape[-3]
+    if hkv in (1, hq) or hq % hkv:
+        return x  # plain broadcasting (or a shape error later)
+    return np.repeat(x, hq // hkv, axis=-3)
+
+
+def _unbroadcast(g, shape):
+    """Sum a gradient over the dims along which its input was broadcast."""
+    lead = g.ndim - len(shape)
+    if lead > 0:
+        g = g.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g
+
+
+def _group_sum(g, shape):
+    """Gradient of a head-expanded kv tensor summed back over each query group."""
+    if g.shape == tuple(shape):
+        return g
+    hkv = shape[-3]
+    g = g.reshape(*g.shape[:-3], hkv, g.shape[-3] // hkv, *g.shape[-2:])
+    return g.sum(axis=-3)
+
+
+def _side(n):
+    """A window side: None or negative means open."""
+    return None if n is None or n < 0 else n
+
+
+def _allowed(lq, lk, mask, causal, window):
+    """Boolean array (broadcastable to the scores) of allowed positions, or None."""
+    if causal not in _CAUSAL:
+        raise ValueError(f"causal must be one of {_CAUSAL}, got {causal!r}")
+    allowed = _mask(mask)
+    if causal is None and window is None:
+        return allowed
+    pos = np.arange(lq)[:, None] + (lk - lq if causal == "bottom_right" else 0)
+    j = np.arange(lk)[None, :]
+    rules = []
+    if causal is not None:
+        rules.append(j <= pos)
+    if window is not None:
+        left, right = (_side(n) for n in window)
+        if left is not None:
+            rules.append(j >= pos - left)
+        if right is not None:
+            rules.append(j <= pos + right)
+    for rule in rules:
+        allowed = rule if allowed is None else allowed & rule
+    return allowed
+
+
+def _probs(q, k, *, mask, bias, causal, scale, softcap, window):
+    """The score pipeline and its softmax: (P, tanh term of the softcap or None, scale)."""
+    ct = q.dtype.type
+    scale = ct(1.0 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    s = (q @ _swap(k)) * scale
+    t = None
+    if softcap is not None:
+        c = ct(softcap)
+        t = np.tanh(s / c)
+        s = c * t
+    if bias is not None:
+        s = s + bias
+    allowed = _allowed(q.shape[-2], k.shape[-2], mask, causal, window)
+    if allowed is None:
+        return _softmax(s), t, scale
+    s = np.where(allowed, s, -np.inf)  # NaN or inf at a disallowed key never survives
+    p = np.where(allowed.any(axis=-1, keepdims=True), _softmax(s), 0)  # empty rows -> 0
+    return p.astype(q.dtype, copy=False), t, scale
+
+
+def _sdpa(q, k, v, **kw):
+    p, _, _ = _probs(q, _expand_kv(k, q), **kw)
+    return p @ _expand_kv(v, q)
+
+
+def _sdpa_vjp(q, k, v, d_out, **kw):
+    """Backward pass of sdpa, by hand: O = P V, P = softmax(S), S = pipeline(Q Kᵀ)."""
+    k_e, v_e = _expand_kv(k, q), _expand_kv(v, q)
+    p, t, scale = _probs(q, k_e, **kw)
+    dv_e = _swap(p) @ d_out
+    dp = d_out @ _swap(v_e)
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))  # softmax backward
+    if t is not None:
+        ds = ds * (1 - t * t)  # d/ds of c*tanh(s/c)
+    ds = ds * scale  # bias and -inf masking pass ds through (0 where P is 0)
+    dq = ds @ k_e
+    dk_e = _swap(ds) @ q
+    dk = _group_sum(_unbroadcast(dk_e, k_e.shape), k.shape)
+    dv = _group_sum(_unbroadcast(dv_e, v_e.shape), v.shape)
+    return _unbroadcast(dq, q.shape), dk, dv
+
+
+def _split_heads(x, h):
+    """(*b, L, h*d) -> (*b, h, L, d); head i takes columns [i*d, (i+1)*d)."""
+    if x.shape[-1] % h:
+        raise ValueError(f"last dim {x.shape[-1]} is not divisible by {h} heads")
+    return np.moveaxis(x.reshape(*x.shape[:-1], h, x.shape[-1] // h), -2, -3)
+
+
+def _merge_heads(x):
+    """(*b, h, L, d) -> (*b, L, h*d), heads concatenated in order."""
+    x = np.moveaxis(x, -3, -2)
+    return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+
+def _score_kind(q, k, kind, scale, w, u, v):
+    if kind == "dot":
+        return q @ _swap(k)
+    if kind == "scaled_dot":
+        scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+        return (q @ _swap(k)) * q.dtype.type(scale)
+    if kind == "bilinear":
+        return q @ w @ _swap(k)
+    if kind == "additive":
+        h = np.tanh((q @ u)[..., :, None, :] + (k @ w)[..., None, :, :])
+        return h @ v
+    raise ValueError(f"unknown score kind {kind!r}")
+
+
+# --------------------------------------------------------------------------- backend
+
+class NumpyBackend:
+    """The attention interface in plain NumPy (every op composed from primitives)."""
+
+    name = "numpy"
+    dtypes = frozenset({"float64", "float32", "float16", "bfloat16"})
+
+    def __init__(self):
+        self.versions = {"numpy": np.__version__}
+        self.paths = {op: "composed: plain NumPy" for op in _OPS}
+        self.policy = {
+            "fully_masked_rows": "zeros",
+            "neg_inf_bias_rows": "nan",
+            "masked_key_nan": "ignored",
+            "masked_value_nan": "propagates",
+        }
+
+    def softmax(self, x, axis=-1):
+        x = np.asarray(x)
+        dt, ct = _dtypes(x)
+        return _softmax(_cast(x, ct), axis).astype(dt)
+
+    def scores(self, q, k, *, kind, scale=None, w=None, u=None, v=None):
+        dt, ct = _dtypes(np.asarray(q))
+        q, k, w, u, v = (_cast(a, ct) for a in (q, k, w, u, v))
+        return _score_kind(q, _expand_kv(k, q), kind, scale, w, u, v).astype(dt)
+
+    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
+                          softcap=None, window=None):
+        dt, ct = _dtypes(np.asarray(q))
+        q, k, bias = (_cast(a, ct) for a in (q, k, bias))
+        p, _, _ = _probs(q, _expand_kv(k, q), mask=mask, bias=bias, causal=causal,
+                         scale=scale, softcap=softcap, window=window)
+        return p.astype(dt)
+
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+             softcap=None, window=None):
+        dt, ct = _dtypes(np.asarray(q))
+        q, k, v, bias = (_cast(a, ct) for a in (q, k, v, bias))
+        out = _sdpa(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
+                    softcap=softcap, window=window)
+        return out.astype(dt)
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+                 softcap=None, window=None):
+        dt, ct = _dtypes(np.asarray(q))
+        q, k, v, d_out, bias = (_cast(a, ct) for a in (q, k, v, d_out, bias))
+        grads = _sdpa_vjp(q, k, v, d_out, mask=mask, bias=bias, causal=causal,
+                          scale=scale, softcap=softcap, window=window)
+        return tuple(g.astype(dt) for g in grads)
+
+    def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
+        dt, ct = _dtypes(np.asarray(x))
+        x, w_q, w_k, w_v = (_cast(a, ct) for a in (x, w_q, w_k, w_v))
+        out = _sdpa(x @ w_q, x @ w_k, x @ w_v, mask=mask, bias=None, causal=causal,
+                    scale=None, softcap=None, window=None)
+        return out.astype(dt)
+
+    def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
+                             num_kv_heads=None, mask=None, causal=None):
+        dt, ct = _dtypes(np.asarray(query))
+        query, key, value, w_q, w_k, w_v, w_o = (
+            _cast(a, ct) for a in (query, key, value, w_q, w_k, w_v, w_o))
+        h, hkv = num_heads, num_kv_heads or num_heads
+        if h % hkv:
+            raise ValueError(f"num_heads {h} is not a multiple of num_kv_heads {hkv}")
+        q = _split_heads(query @ w_q, h)
+        k = _split_heads(key @ w_k, hkv)
+        v = _split_heads(value @ w_v, hkv)
+        if q.shape[-1] != k.shape[-1]:
+            raise ValueError(f"query head dim {q.shape[-1]} != key head dim {k.shape[-1]}")
+        out = _sdpa(q, k, v, mask=mask, bias=None, causal=causal, scale=None,
+                    softcap=None, window=None)
+        return (_merge_heads(out) @ w_o).astype(dt)

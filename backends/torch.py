@@ -1,0 +1,364 @@
+"""PyTorch backend: a thin adapter from the attention interface to PyTorch's own ops.
+
+NumPy arrays are copied into torch tensors (CPU), the framework's public op is called,
+and the result is copied back into a fresh NumPy array of the input dtype.
+
+Path of each op (also in ``TorchBackend.paths``):
+
+- ``softmax``: native, ``torch.softmax``.
+- ``scores``: composed from ``torch.matmul`` / ``torch.tanh``; torch has no public
+  score-function API.
+- ``sdpa``: native, ``torch.nn.functional.scaled_dot_product_attention``. Top-left
+  causal alone goes through ``is_causal=True``, bottom-right causal alone through
+  ``torch.nn.attention.bias.causal_lower_right``; grouped-query through
+  ``enable_gqa=True``. Any other combination of mask, causal, window and bias is
+  folded into one ``attn_mask`` (bool when there is no bias, else a float bias with
+  ``-inf`` at disallowed positions) and still goes to SDPA. Only ``softcap``, which
+  needs the raw scores, is composed from torch ops.
+- ``attention_weights``: native, SDPA with ``V = identity(Lk)``, whose output is P
+  itself with SDPA's own masking; composed (as for ``sdpa``) with ``softcap``.
+- ``sdpa_vjp``: ``torch.autograd.grad`` through exactly the ``sdpa`` path.
+- ``self_attention``: projections with ``torch.matmul``, then the ``sdpa`` path.
+- ``multi_head_attention``: native ``torch.nn.MultiheadAttention`` (bias=False,
+  batch_first=True, need_weights=False) when the module can express the case
+  (``num_kv_heads`` None or equal to ``num_heads``, ``H*Dh == H*Dhv == Eq == Eo``);
+  otherwise (grouped-query, other head sizes) projections with ``torch.matmul`` and
+  the ``sdpa`` path.
+
+The composed softcap path reproduces the native op's declared policies: disallowed
+positions are *added* as ``-inf`` (so a NaN score stays NaN, as in SDPA), and a row
+with no allowed key gets zero weights (and zero gradients), as SDPA gives.
+
+Known difference (torch 2.13 CPU, kept visible on purpose): with ``is_causal=True``
+(top-left causal alone, or bottom-right with Lq == Lk) and Dk == Dv, SDPA takes its
+flash kernel, which ignores a NaN in a causally hidden key (and, past one key block,
+a NaN in a hidden value); every other path, and any explicit mask, propagates it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import ml_dtypes
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+_TORCH_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+_CAUSAL = (None, "top_left", "bottom_right")
+
+
+# ---------------------------------------------------------------- conversion
+
+
+def _dtype_name(a) -> str:
+    return np.dtype(np.asarray(a).dtype).name
+
+
+def _to_torch(a, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A fresh tensor holding a copy of NumPy array ``a`` (bfloat16 via its bits)."""
+    a = np.array(a, order="C", copy=True)
+    if a.dtype == ml_dtypes.bfloat16:
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a)
+    return t if dtype is None else t.to(dtype)
+
+
+def _mask_to_torch(mask) -> torch.Tensor | None:
+    return None if mask is None else torch.from_numpy(np.array(mask, dtype=bool, order="C"))
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A fresh NumPy array of the tensor's dtype (bfloat16 as ml_dtypes.bfloat16)."""
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return np.array(t.view(torch.int16).numpy().view(ml_dtypes.bfloat16), copy=True)
+    return np.array(t.numpy(), copy=True)
+
+
+# ---------------------------------------------------------------- masks
+
+
+def _allowed(lq: int, lk: int, causal, window) -> torch.Tensor | None:
+    """Bool (Lq, Lk): True where causal and window allow query i to see key j."""
+    if causal not in _CAUSAL:
+        raise ValueError(f"causal must be one of {_CAUSAL}, got {causal!r}")
+    if causal is None and window is None:
+        return None
+    offset = lk - lq if causal == "bottom_right" else 0
+    pos = torch.arange(lq)[:, None] + offset
+    j = torch.arange(lk)[None, :]
+    ok = torch.ones(lq, lk, dtype=torch.bool)
+    if causal is not None:
+        ok &= j <= pos
+    if window is not None:
+        left, right = window
+        if left is not None and left >= 0:
+            ok &= j >= pos - left
+        if right is not None and right >= 0:
+            ok &= j <= pos + right
+    return ok
+
+
+def _and(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    if a is None:
+        return b
+    return a if b is None else a & b
+
+
+# ---------------------------------------------------------------- attention core
+
+
+def _is_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
+    if q.dim() < 3 or k.dim() < 3:
+        return False
+    hq, hkv = q.shape[-3], k.shape[-3]
+    return hq != hkv and hkv > 1 and hq % hkv == 0
+
+
+def _broadcast(q, k, v, mask, bias, gqa: bool):
+    """Expand q, k, v to one common batch shape (mask and bias shapes included)."""
+    cut = 3 if gqa else 2
+    extra = [m.shape[:-cut] for m in (mask, bias) if m is not None]
+    lead = torch.broadcast_shapes(q.shape[:-cut], k.shape[:-cut], v.shape[:-cut], *extra)
+    return tuple(t.expand(*lead, *t.shape[-cut:]) for t in (q, k, v))
+
+
+def _attend(q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+            softcap=None, window=None) -> torch.Tensor:
+    """The sdpa path on tensors: native SDPA, or composed when softcap is given."""
+    gqa = _is_gqa(q, k)
+    q, k, v = _broadcast(q, k, v, mask, bias, gqa)
+    lq, lk = q.shape[-2], k.shape[-2]
+    scale = None if scale is None else float(scale)
+    if softcap is not None:
+        allowed = _and(mask, _allowed(lq, lk, causal, window))
+        return _composed(q, k, v, allowed, bias, scale, float(softcap), gqa)
+    kwargs = {"scale": scale, "enable_gqa": gqa}
+    if mask is None and bias is None and window is None and causal is not None:
+        if causal == "top_left":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kwargs)
+        if causal == "bottom_right":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=_lower_right(lq, lk), **kwargs)
+    allowed = _and(mask, _allowed(lq, lk, causal, window))
+    attn_mask = allowed
+    if bias is not None:
+        attn_mask = bias if allowed is None else torch.where(allowed, bias, -math.inf)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kwargs)
+
+
+def _lower_right(lq: int, lk: int):
+    with warnings.catch_warnings():
+        # torch warns that Lq > Lk "will produce NaNs"; its SDPA gives zero rows instead.
+        warnings.filterwarnings("ignore", message="Lower right causal bias")
+        return causal_lower_right(lq, lk)
+
+
+def _composed(q, k, v, allowed, bias, scale, softcap, gqa) -> torch.Tensor:
+    """softmax(softcap(q kᵀ·scale) + bias, disallowed = -inf) v with torch ops."""
+    if softcap <= 0:
+        raise ValueError(f"softcap must be positive, got {softcap}")
+    if gqa:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias
+    if allowed is not None:
+        # added, not filled, as SDPA does: a NaN score at a disallowed key stays NaN
+        s = s + torch.zeros((), dtype=s.dtype).masked_fill(~allowed, -math.inf)
+    empty = torch.isneginf(s).all(dim=-1, keepdim=True)
+    # rows with no allowed key get zero weights and zero gradients, as SDPA gives
+    p = torch.softmax(torch.where(empty, torch.zeros((), dtype=s.dtype), s), dim=-1)
+    p = torch.where(empty, torch.zeros((), dtype=s.dtype), p)
+    return torch.matmul(p, v)
+
+
+def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(..., L, heads*D) -> (..., heads, L, D); head h takes columns [h*D, (h+1)*D)."""
+    return x.unflatten(-1, (heads, x.shape[-1] // heads)).movedim(-2, -3)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(..., heads, L, D) -> (..., L, heads*D)."""
+    return x.movedim(-3, -2).flatten(-2)
+
+
+# ---------------------------------------------------------------- the backend
+
+
+class TorchBackend:
+    """The attention interface on PyTorch (CPU)."""
+
+    name = "torch"
+    dtypes = frozenset(_TORCH_DTYPES)
+    versions = {"torch": torch.__version__}
+    policy = {
+        "fully_masked_rows": "zeros",
+        "neg_inf_bias_rows": "zeros",
+        "masked_key_nan": "propagates",
+        "masked_value_nan": "propagates",
+    }
+    paths = {
+        "softmax": "native: torch.softmax",
+        "scores": "composed: torch.matmul / torch.tanh (torch has no score-function API)",
+        "attention_weights": "native: F.scaled_dot_product_attention with V = identity(Lk) "
+                             "(keeps SDPA's masking); composed with softcap",
+        "sdpa": "native: F.scaled_dot_product_attention (is_causal, causal_lower_right, "
+                "enable_gqa; mask/causal/window/bias folded into attn_mask); "
+                "composed (torch ops) only with softcap",
+        "self_attention": "composed projections (torch.matmul), then native SDPA",
+        "multi_head_attention": "native: torch.nn.MultiheadAttention (bias=False); composed "
+                                "(torch.matmul + SDPA enable_gqa) for grouped-query or head "
+                                "sizes the module cannot express",
+        "sdpa_vjp": "native: torch.autograd.grad through the sdpa path",
+    }
+
+    def __init__(self):
+        # per-instance copies, so that one instance's edits never leak into another
+        self.versions = dict(self.versions)
+        self.policy = dict(self.policy)
+        self.paths = dict(self.paths)
+
+    # ------------------------------------------------------------ helpers
+
+    def _dtype(self, a) -> torch.dtype:
+        name = _dtype_name(a)
+        if name not in self.dtypes:
+            raise NotImplementedError(f"torch backend does not support dtype {name}")
+        return _TORCH_DTYPES[name]
+
+    def _sdpa_inputs(self, q, k, v, mask, bias):
+        dt = self._dtype(q)
+        tq, tk, tv = (_to_torch(a, dt) for a in (q, k, v))
+        tb = None if bias is None else _to_torch(bias, dt)
+        return tq, tk, tv, _mask_to_torch(mask), tb
+
+    # ------------------------------------------------------------ operations
+
+    def softmax(self, x, axis=-1):
+        return _to_numpy(torch.softmax(_to_torch(x, self._dtype(x)), dim=axis))
+
+    def scores(self, q, k, *, kind, scale=None, w=None, u=None, v=None):
+        dt = self._dtype(q)
+        tq, tk = _to_torch(q, dt), _to_torch(k, dt)
+        if kind == "dot":
+            s = torch.matmul(tq, tk.transpose(-1, -2))
+        elif kind == "scaled_dot":
+            scale = 1.0 / math.sqrt(tk.shape[-1]) if scale is None else float(scale)
+            s = torch.matmul(tq, tk.transpose(-1, -2)) * scale
+        elif kind == "bilinear":
+            s = torch.matmul(torch.matmul(tq, _to_torch(w, dt)), tk.transpose(-1, -2))
+        elif kind == "additive":
+            kw = torch.matmul(tk, _to_torch(w, dt))            # (*, Lk, Da)
+            qu = torch.matmul(tq, _to_torch(u, dt))            # (*, Lq, Da)
+            hidden = torch.tanh(kw.unsqueeze(-3) + qu.unsqueeze(-2))  # (*, Lq, Lk, Da)
+            s = torch.matmul(hidden, _to_torch(v, dt))
+        else:
+            raise ValueError(f"unknown score kind {kind!r}")
+        return _to_numpy(s)
+
+    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
+                          softcap=None, window=None):
+        dt = self._dtype(q)
+        tq, tk = _to_torch(q, dt), _to_torch(k, dt)
+        tm, tb = _mask_to_torch(mask), None if bias is None else _to_torch(bias, dt)
+        lk = tk.shape[-2]
+        eye = torch.eye(lk, dtype=dt).expand(*tk.shape[:-2], lk, lk)  # SDPA(q, k, I) = P
+        p = _attend(tq, tk, eye, mask=tm, bias=tb, causal=causal, scale=scale,
+                    softcap=softcap, window=window)
+        return _to_numpy(p)
+
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+             softcap=None, window=None):
+        tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
+        out = _attend(tq, tk, tv, mask=tm, bias=tb, causal=causal, scale=scale,
+                      softcap=softcap, window=window)
+        return _to_numpy(out)
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+                 softcap=None, window=None):
+        tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
+        leaves = tuple(t.requires_grad_() for t in (tq, tk, tv))
+        out = _attend(*leaves, mask=tm, bias=tb, causal=causal, scale=scale,
+                      softcap=softcap, window=window)
+        grads = torch.autograd.grad(out, leaves, _to_torch(d_out, tq.dtype))
+        return tuple(_to_numpy(g) for g in grads)
+
+    def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
+        dt = self._dtype(x)
+        tx = _to_torch(x, dt)
+        tq, tk, tv = (torch.matmul(tx, _to_torch(w, dt)) for w in (w_q, w_k, w_v))
+        return _to_numpy(_attend(tq, tk, tv, mask=_mask_to_torch(mask), causal=causal))
+
+    def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
+                             num_kv_heads=None, mask=None, causal=None):
+        dt = self._dtype(query)
+        tq, tk, tv = (_to_torch(a, dt) for a in (query, key, value))
+        ws = [_to_torch(w, dt) for w in (w_q, w_k, w_v, w_o)]
+        allowed = _and(_mask_to_torch(mask), _allowed(tq.shape[-2], tk.shape[-2], causal, None))
+        kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        with torch.no_grad():
+            if kv_heads == num_heads and _module_fits(tq.shape[-1], num_heads, *ws):
+                out = _mha_module(tq, tk, tv, ws, num_heads, allowed)
+            else:
+                out = _mha_composed(tq, tk, tv, ws, num_heads, kv_heads, allowed)
+        return _to_numpy(out)
+
+
+# ---------------------------------------------------------------- multi-head attention
+
+
+def _module_fits(e_q: int, heads: int, w_q, w_k, w_v, w_o) -> bool:
+    """nn.MultiheadAttention needs H*Dh == H*Dhv == Eq == Eo (its embed_dim)."""
+    return (e_q % heads == 0 and w_q.shape[1] == e_q and w_k.shape[1] == e_q
+            and w_v.shape[1] == e_q and tuple(w_o.shape) == (e_q, e_q))
+
+
+def _mha_module(q, k, v, ws, heads, allowed):
+    """torch.nn.MultiheadAttention with our weights, on (B, L, E) inputs."""
+    w_q, w_k, w_v, w_o = ws
+    e_q, e_k, e_v = q.shape[-1], k.shape[-1], v.shape[-1]
+    mha = torch.nn.MultiheadAttention(e_q, heads, bias=False, kdim=e_k, vdim=e_v,
+                                      batch_first=True, dtype=q.dtype).eval()
+    if mha.in_proj_weight is not None:
+        mha.in_proj_weight.copy_(torch.cat([w_q.T, w_k.T, w_v.T]))
+    else:
+        mha.q_proj_weight.copy_(w_q.T)
+        mha.k_proj_weight.copy_(w_k.T)
+        mha.v_proj_weight.copy_(w_v.T)
+    mha.out_proj.weight.copy_(w_o.T)
+    extra = [] if allowed is None else [allowed.shape[:-3]]
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], *extra)
+    lq, lk = q.shape[-2], k.shape[-2]
+    q3, k3, v3 = (t.expand(*lead, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    attn_mask = None
+    if allowed is not None:
+        if allowed.dim() <= 2:
+            allowed = allowed.expand(lq, lk)
+        else:
+            allowed = allowed.expand(*lead, heads, lq, lk).reshape(-1, lq, lk)
+        attn_mask = ~allowed  # torch's bool attn_mask: True = NOT allowed
+    out, _ = mha(q3, k3, v3, attn_mask=attn_mask, need_weights=False)
+    return out.reshape(*lead, lq, out.shape[-1])
+
+
+def _mha_composed(q, k, v, ws, heads, kv_heads, allowed):
+    """Projections, head split, the sdpa path (grouped-query via enable_gqa), W_o."""
+    w_q, w_k, w_v, w_o = ws
+    hq = _split_heads(torch.matmul(q, w_q), heads)
+    hk = _split_heads(torch.matmul(k, w_k), kv_heads)
+    hv = _split_heads(torch.matmul(v, w_v), kv_heads)
+    out = _attend(hq, hk, hv, mask=allowed)
+    return torch.matmul(_merge_heads(out), w_o)

@@ -1,0 +1,1 @@
+"""attention-conformance: the attention specification as data, and its runner."""

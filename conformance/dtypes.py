@@ -1,0 +1,39 @@
+"""Dtype names of the spec and their NumPy types (bfloat16 through ml_dtypes)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+NUMPY_DTYPES = {
+    "float64": np.dtype(np.float64),
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
+
+#: unit roundoff u = 2**-p, p the significand precision in bits (including the implicit one)
+UNIT_ROUNDOFF = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    return NUMPY_DTYPES[name]
+
+
+def dtype_name(dtype) -> str | None:
+    """The spec's name of a NumPy dtype, or None if it is not one of the four."""
+    dtype = np.dtype(dtype)
+    for name, candidate in NUMPY_DTYPES.items():
+        if candidate == dtype:
+            return name
+    return None
+
+
+def round_to(x, name: str) -> np.ndarray:
+    """x rounded to dtype `name`, returned as float64."""
+    return np.asarray(x).astype(NUMPY_DTYPES[name]).astype(np.float64)

@@ -1,0 +1,247 @@
+"""Golden data: outputs of the float64 reference, frozen under spec/golden.
+
+One npz per topic holds, for each case, variant, dtype (and policy choice where a case
+has one), every output and the error of the plain same-dtype computation that sets its
+tolerance. SHA256SUMS lists every file's hash; a file that is missing or does not match
+its hash fails the cases that need it, with that reason. Files are written with fixed
+zip timestamps, so regenerating unchanged data changes no byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import reference
+from .dtypes import UNIT_ROUNDOFF, round_to
+from .inputs import build_inputs
+from .interface import OUTPUTS
+from .paths import GOLDEN_DIR
+from .tolerances import load_tolerances
+
+MANIFEST = "SHA256SUMS"
+
+
+class GoldenError(Exception):
+    """Golden data missing, truncated or not matching the manifest."""
+
+
+def entry_key(case_id, variant, dtype, policy=None) -> str:
+    parts = [case_id, variant or "_", dtype]
+    if policy:
+        parts.append("{}={}".format(*policy))
+    return "/".join(parts)
+
+
+def rounded_inputs(case, variant, dtype) -> dict[str, np.ndarray]:
+    """The case's inputs as the backend sees them, in float64 (bool masks unchanged)."""
+    arrays = build_inputs(case.inputs, variant.dims)
+    return {n: a if a.dtype == bool else round_to(a, dtype) for n, a in arrays.items()}
+
+
+def golden_entries(case):
+    """(policy or None) for every golden a case needs: the plain one and per choice."""
+    if case.expect.get("golden"):
+        yield None
+    for name, choices in case.expect.get("policy", {}).items():
+        for choice, outcome in choices.items():
+            if outcome.get("golden"):
+                yield (name, choice)
+
+
+def compute(case, variant, dtype, policy=None) -> dict[str, tuple[np.ndarray, float]]:
+    """output name -> (golden float64 array, plain same-dtype error)."""
+    arrays = rounded_inputs(case, variant, dtype)
+    policies = dict([policy]) if policy else None
+    exact = reference.run(case.op, arrays, case.params, policies)
+    source = load_tolerances().plain_error_from.get(dtype, dtype)
+    with reference.rounded_to(source):
+        plain = reference.run(case.op, arrays, case.params, policies)
+    factor = UNIT_ROUNDOFF[dtype] / UNIT_ROUNDOFF[source]
+    result = {}
+    for name, gold, approx in zip(OUTPUTS[case.op], exact, plain):
+        both = np.isfinite(gold) & np.isfinite(approx)
+        error = float(np.max(np.abs(gold - approx)[both], initial=0.0)) * factor
+        result[name] = (gold, error)
+    return result
+
+
+def compute_case(case):
+    """Every golden array of a case: {key/output: array, key/output.plain_error: scalar}."""
+    arrays = {}
+    for variant in case.variants:
+        for dtype in case.dtypes:
+            for policy in golden_entries(case):
+                key = entry_key(case.id, variant.label, dtype, policy)
+                for name, (gold, error) in compute(case, variant, dtype, policy).items():
+                    arrays[f"{key}/{name}"] = gold
+                    arrays[f"{key}/{name}.plain_error"] = np.array(error)
+    return arrays
+
+
+# --- files ----------------------------------------------------------------------------
+
+def write_npz(path: Path, arrays: dict) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in sorted(arrays):
+            data = io.BytesIO()
+            np.lib.format.write_array(data, np.asarray(arrays[name]), allow_pickle=False)
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, data.getvalue())
+    path.write_bytes(buffer.getvalue())
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_manifest(directory: Path) -> dict[str, str]:
+    manifest = directory / MANIFEST
+    if not manifest.exists():
+        return {}
+    entries = {}
+    for line in manifest.read_text().splitlines():
+        if line.strip():
+            digest, name = line.split(maxsplit=1)
+            entries[name.strip()] = digest
+    return entries
+
+
+def write_manifest(directory: Path) -> None:
+    lines = [f"{sha256(p)}  {p.name}" for p in sorted(directory.glob("*.npz"))]
+    (directory / MANIFEST).write_text("\n".join(lines) + "\n")
+
+
+def load_topic(directory: Path, topic: str) -> dict[str, np.ndarray]:
+    """Every array of a topic's golden file, verified against the manifest."""
+    path = directory / f"{topic}.npz"
+    if not path.exists():
+        raise GoldenError(f"golden file {path} is missing (run: attention-conformance golden regenerate)")
+    expected = read_manifest(directory).get(path.name)
+    if expected is None:
+        raise GoldenError(f"golden file {path} is not listed in {directory / MANIFEST}")
+    if sha256(path) != expected:
+        raise GoldenError(f"golden file {path} does not match its sha256 in {MANIFEST}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise GoldenError(f"golden file {path} cannot be read: {exc}") from None
+
+
+@dataclass
+class GoldenStore:
+    """Golden arrays, loaded once per topic and only when first needed."""
+
+    directory: Path = GOLDEN_DIR
+
+    def __post_init__(self):
+        self._topics: dict[str, dict | GoldenError] = {}
+
+    def topic(self, topic: str) -> dict:
+        if topic not in self._topics:
+            try:
+                self._topics[topic] = load_topic(self.directory, topic)
+            except GoldenError as exc:
+                self._topics[topic] = exc
+        found = self._topics[topic]
+        if isinstance(found, GoldenError):
+            raise found
+        return found
+
+    def get(self, case, variant, dtype, policy=None) -> dict[str, tuple[np.ndarray, float]]:
+        """output -> (golden, plain_error); frozen for quick cases, live for long ones."""
+        if case.profile == "long":
+            return compute(case, variant, dtype, policy)
+        data = self.topic(case.topic)
+        key = entry_key(case.id, variant.label, dtype, policy)
+        try:
+            return {name: (data[f"{key}/{name}"], float(data[f"{key}/{name}.plain_error"]))
+                    for name in OUTPUTS[case.op]}
+        except KeyError:
+            raise GoldenError(f"no golden entry {key} in {case.topic}.npz "
+                              "(run: attention-conformance golden regenerate)") from None
+
+
+# --- regenerate and check -------------------------------------------------------------
+
+def _by_topic(cases):
+    topics: dict[str, list] = {}
+    for case in cases:
+        if case.profile != "long":
+            topics.setdefault(case.topic, []).append(case)
+    return topics
+
+
+def _changes(old: dict, new: dict) -> list[tuple[str, str]]:
+    """(key, what changed) for every array added, removed or changed."""
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        if key.endswith(".plain_error"):
+            continue
+        if key not in old:
+            changes.append((key, "added"))
+        elif key not in new:
+            changes.append((key, "removed"))
+        elif old[key].shape != new[key].shape:
+            changes.append((key, f"shape {old[key].shape} -> {new[key].shape}"))
+        elif not np.array_equal(old[key], new[key], equal_nan=True):
+            diff = np.nanmax(np.abs(old[key] - new[key]))
+            changes.append((key, f"max abs change {diff:.3g}"))
+    return changes
+
+
+def regenerate(cases, directory: Path = GOLDEN_DIR) -> list[tuple[str, str]]:
+    """Recompute and write every golden file; return what changed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    changes = []
+    topics = _by_topic(cases)
+    for topic, topic_cases in topics.items():
+        new = {}
+        for case in topic_cases:
+            new.update(compute_case(case))
+        path = directory / f"{topic}.npz"
+        old = {}
+        if path.exists():
+            with np.load(path, allow_pickle=False) as data:
+                old = {n: data[n] for n in data.files}
+        changes += _changes(old, new)
+        if new:
+            write_npz(path, new)
+        elif path.exists():
+            path.unlink()
+    for stale in directory.glob("*.npz"):
+        if stale.stem not in topics:
+            changes.append((stale.name, "removed (no quick cases left)"))
+            stale.unlink()
+    write_manifest(directory)
+    return changes
+
+
+def check(cases, directory: Path = GOLDEN_DIR, rtol=1e-12) -> list[str]:
+    """Problems found comparing the frozen golden data with the reference now."""
+    problems = []
+    for topic, topic_cases in _by_topic(cases).items():
+        try:
+            frozen = load_topic(directory, topic)
+        except GoldenError as exc:
+            problems.append(str(exc))
+            continue
+        new = {}
+        for case in topic_cases:
+            new.update(compute_case(case))
+        for key, what in _changes(frozen, new):
+            old, now = frozen.get(key), new.get(key)
+            if old is not None and now is not None and old.shape == now.shape:
+                scale = max(float(np.nanmax(np.abs(now), initial=0.0)), 1e-300)
+                if np.allclose(old, now, rtol=0, atol=rtol * scale, equal_nan=True):
+                    continue
+            problems.append(f"{topic}.npz {key}: {what}")
+    return problems

@@ -1,0 +1,115 @@
+"""Inputs of a case, generated deterministically in float64 (or bool for masks).
+
+Random draws use NumPy's legacy ``RandomState``, whose streams NumPy promises to keep
+unchanged across versions (NEP 19), so golden data stay valid on any NumPy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .indexing import parse_index
+
+
+def resolve(size, dims: dict) -> int:
+    """A shape entry: an integer, or the name of one of the variant's dims."""
+    if isinstance(size, str):
+        if size not in dims:
+            raise ValueError(f"dim {size!r} is not defined in this variant's dims")
+        return dims[size]
+    return int(size)
+
+
+def _shape(shape, dims) -> tuple[int, ...]:
+    return tuple(resolve(s, dims) for s in shape)
+
+
+def _values(spec):
+    kind = spec.get("dtype")
+    array = np.array(spec["values"], dtype=bool if kind == "bool" else None)
+    if array.dtype == object:
+        raise ValueError("inline values are ragged: every row needs the same length")
+    if kind == "float" or (kind is None and array.dtype != bool):
+        array = array.astype(np.float64)
+    return array
+
+
+def _normal(g, dims):
+    rng = np.random.RandomState(g["seed"])
+    return g.get("mean", 0.0) + g.get("std", 1.0) * rng.standard_normal(_shape(g["shape"], dims))
+
+
+def _uniform(g, dims):
+    rng = np.random.RandomState(g["seed"])
+    return rng.uniform(g.get("low", 0.0), g.get("high", 1.0), _shape(g["shape"], dims))
+
+
+def _bernoulli(g, dims):
+    rng = np.random.RandomState(g["seed"])
+    keep = rng.random_sample(_shape(g["shape"], dims)) < g["p"]
+    if g.get("keep_first"):
+        keep[..., 0] = True   # every query keeps key 0, so no row is fully masked
+    return keep
+
+
+def _full(g, dims):
+    value = g["value"]
+    return np.full(_shape(g["shape"], dims), value, dtype=bool if isinstance(value, bool) else np.float64)
+
+
+def _key_padding(g, dims):
+    lengths = [resolve(n, dims) for n in g["lengths"]]
+    size = resolve(g["size"], dims)
+    keep = np.arange(size)[None, :] < np.array(lengths)[:, None]
+    rank = g.get("rank", 3)
+    return keep.reshape((len(lengths),) + (1,) * (rank - 2) + (size,))
+
+
+def _triangle(g, dims):
+    rows, cols = resolve(g["rows"], dims), resolve(g["cols"], dims)
+    return np.arange(cols)[None, :] <= np.arange(rows)[:, None] + g.get("offset", 0)
+
+
+def _onehot(g, dims):
+    return np.eye(g["depth"])[np.array(g["indices"], dtype=int)]
+
+
+GENERATORS = {
+    "normal": _normal, "uniform": _uniform, "bernoulli": _bernoulli, "full": _full,
+    "key_padding": _key_padding, "triangle": _triangle, "onehot": _onehot,
+}
+
+
+def _generate(spec: dict, dims: dict) -> np.ndarray:
+    if "values" in spec:
+        return _values(spec)
+    for name, generator in GENERATORS.items():
+        if name in spec:
+            return generator(spec[name], dims)
+    raise ValueError(f"no generator in {sorted(spec)}")
+
+
+def _modify(array: np.ndarray, spec: dict) -> np.ndarray:
+    if "times" in spec:
+        array = array * spec["times"]
+    if "plus" in spec:
+        array = array + spec["plus"]
+    for entry in spec.get("set", ()):
+        array = np.array(array, copy=True)
+        value = float(entry["value"]) if isinstance(entry["value"], str) else entry["value"]
+        array[parse_index(entry["at"])] = value
+    return array
+
+
+def build_inputs(inputs: dict, dims: dict) -> dict[str, np.ndarray]:
+    """Every input array of a case variant: float64, or bool for masks."""
+    arrays = {}
+    for name, spec in inputs.items():
+        if "same_as" not in spec:
+            arrays[name] = _modify(_generate(spec, dims), spec)
+    for name, spec in inputs.items():
+        if "same_as" in spec:
+            if spec["same_as"] not in arrays:
+                raise ValueError(f"input {name!r} is same_as unknown input {spec['same_as']!r}")
+            arrays[name] = _modify(arrays[spec["same_as"]], spec)
+    return arrays

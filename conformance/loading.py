@@ -1,0 +1,76 @@
+"""Finding a backend: built-in name, entry point, package.module:attr or path/file.py:attr."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from backends import BUILTIN
+
+ENTRY_POINT_GROUP = "attention_conformance.backends"
+
+
+class BackendLoadError(Exception):
+    """The backend reference cannot be resolved, imported or instantiated."""
+
+
+def _entry_points() -> dict:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _import_file(path: Path):
+    if not path.is_file():
+        raise BackendLoadError(f"no such file: {path}")
+    module_name = f"_attention_conformance_adapter_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _resolve(reference: str):
+    if reference in BUILTIN:
+        reference = BUILTIN[reference]
+    elif ":" not in reference:
+        found = _entry_points().get(reference)
+        if found is None:
+            known = sorted(BUILTIN) + sorted(_entry_points())
+            raise BackendLoadError(f"unknown backend {reference!r}; known: {', '.join(known)};"
+                                   " or give package.module:attr or path/file.py:attr")
+        return found.load()
+    target, _, attr = reference.rpartition(":")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        module = _import_file(Path(target))
+    else:
+        module = importlib.import_module(target)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise BackendLoadError(f"{target} has no attribute {attr!r}") from None
+
+
+def _instantiate(obj):
+    """A backend object from an object, a class, or a factory taking no arguments."""
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "sdpa")):
+        return obj()
+    return obj
+
+
+def load_backend(reference: str):
+    """The backend object named by reference; BackendLoadError with the reason if not."""
+    try:
+        backend = _instantiate(_resolve(reference))
+    except BackendLoadError:
+        raise
+    except Exception as exc:  # an adapter failing to import is reported once, clearly
+        raise BackendLoadError(f"backend {reference!r} failed to load: "
+                               f"{type(exc).__name__}: {exc}") from exc
+    missing = [a for a in ("name", "dtypes", "policy") if not hasattr(backend, a)]
+    if missing:
+        raise BackendLoadError(f"backend {reference!r} lacks attribute(s) {', '.join(missing)}"
+                               " (see docs/interface.md)")
+    return backend

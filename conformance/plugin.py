@@ -1,0 +1,208 @@
+"""The pytest plugin: every case x variant x dtype of the spec becomes a test item.
+
+Registered by entry point (pytest11), active only when --backend is given. Test ids
+read ``topic/case-id[variant-dtype]``; the node ids are
+``spec/cases/TOPIC.yaml::case-id[variant-dtype]``, so ``-k`` selects by case id,
+variant or dtype.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import pytest
+
+from .expected import expected_for
+from .golden import GoldenStore
+from .interface import describe
+from .loading import BackendLoadError, load_backend
+from .paths import CASES_DIR
+from .results import ResultLog
+from .runner import CheckFailure, Unsupported, run_case
+from .spec import SpecError, load_spec
+from .timeout import CaseTimeout, time_limit
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("attention-conformance")
+    group.addoption("--backend", help="backend to certify: numpy | torch | jax | tensorflow |"
+                    " an entry point name | package.module:attr | path/file.py:attr")
+    group.addoption("--spec-dir", default=None, help="case files to run (default spec/cases)")
+    group.addoption("--profile", choices=("quick", "long", "all"), default="quick",
+                    help="quick (default) skips the long-sequence cases; long runs only them")
+    group.addoption("--dtype", action="append", default=None,
+                    help="run only these dtypes (repeatable)")
+    group.addoption("--expected-failures", action="append", default=[],
+                    help="extra expected-failures file for this backend (repeatable)")
+    group.addoption("--case-timeout", type=float, default=120.0,
+                    help="seconds before a case is failed as hung (0: no limit)")
+    group.addoption("--report", default=None, metavar="DIR",
+                    help="write this backend's results (JSON and Markdown) into DIR")
+
+
+class State:
+    """What the plugin holds for one session."""
+
+    def __init__(self, config):
+        self.config = config
+        self.backend = load_backend(config.getoption("backend"))
+        self.info = describe(self.backend)
+        cases_dir = Path(config.getoption("spec_dir") or CASES_DIR).resolve()
+        self.cases_dir = cases_dir
+        self.spec = load_spec(cases_dir)
+        self.golden = GoldenStore(cases_dir.parent / "golden")
+        self.expected = expected_for(self.backend, config.getoption("expected_failures"))
+        self.log = ResultLog(self.info, self.spec)
+
+
+_STATE = pytest.StashKey["State"]()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "conformance: a case of the attention spec")
+    if not config.getoption("backend"):
+        return
+    try:
+        config.stash[_STATE] = State(config)
+    except (BackendLoadError, SpecError, OSError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _state(config) -> State | None:
+    return config.stash.get(_STATE, None)
+
+
+def pytest_collect_file(file_path: Path, parent):
+    state = _state(parent.config)
+    if state and file_path.suffix == ".yaml" and file_path.parent == state.cases_dir:
+        return CaseFile.from_parent(parent, path=file_path)
+    return None
+
+
+class CaseFile(pytest.File):
+    def collect(self):
+        state = _state(self.config)
+        profile = self.config.getoption("profile")
+        dtypes = self.config.getoption("dtype")
+        name = self.path.name
+        for error in state.spec.errors:
+            if Path(error.file).name == name:
+                yield SpecErrorItem.from_parent(self, name=f"spec-error:{error.line}", error=error)
+        for case in state.spec.cases:
+            if Path(case.file).name != name or not _in_profile(case, profile):
+                continue
+            for variant in case.variants:
+                for dtype in case.dtypes:
+                    if dtypes and dtype not in dtypes:
+                        continue
+                    label = f"{variant.label}-{dtype}" if variant.label else dtype
+                    yield CaseItem.from_parent(self, name=f"{case.id}[{label}]", case=case,
+                                               variant=variant, dtype=dtype)
+
+
+def _in_profile(case, profile):
+    return profile == "all" or case.profile == profile
+
+
+class SpecErrorItem(pytest.Item):
+    """A problem in a spec file, reported as one failing test; the run goes on."""
+
+    def __init__(self, *, error, **kwargs):
+        super().__init__(**kwargs)
+        self.error = error
+
+    def runtest(self):
+        raise CheckFailure(f"invalid spec: {self.error}")
+
+    def repr_failure(self, excinfo):
+        return str(excinfo.value)
+
+    def reportinfo(self):
+        return self.path, self.error.line, f"spec error {self.error.file}:{self.error.line}"
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, case, variant, dtype, **kwargs):
+        super().__init__(**kwargs)
+        self.case, self.variant, self.dtype = case, variant, dtype
+        self.test_id = f"{case.topic}/{self.name}"
+        self.add_marker("conformance")
+
+    def runtest(self):
+        state = _state(self.config)
+        start = time.perf_counter()
+        try:
+            with time_limit(self.config.getoption("case_timeout")):
+                result = run_case(state.backend, self.case, self.variant, self.dtype, state.golden)
+        except Unsupported as exc:
+            state.log.record(self, "unsupported", str(exc), time.perf_counter() - start)
+            pytest.skip(f"unsupported: {exc}")
+        except (CheckFailure, CaseTimeout) as exc:
+            state.log.record(self, "fail", str(exc), time.perf_counter() - start)
+            raise
+        except Exception as exc:
+            message = f"the backend raised {type(exc).__name__}: {exc}"
+            state.log.record(self, "fail", message, time.perf_counter() - start)
+            raise CheckFailure(message) from exc
+        state.log.record(self, "pass", "", time.perf_counter() - start, result.worst_ratio)
+
+    def header(self) -> str:
+        state = _state(self.config)
+        from .golden import rounded_inputs
+        try:
+            shapes = ", ".join(f"{n} {tuple(a.shape)}" for n, a in
+                               rounded_inputs(self.case, self.variant, self.dtype).items())
+        except Exception:
+            shapes = "(inputs could not be built)"
+        params = ", ".join(f"{k}={v!r}" for k, v in self.case.params.items()) or "none"
+        return (f"{self.test_id} failed on backend {state.info['name']!r}, dtype {self.dtype}\n"
+                f"  case:   {self.case.description} ({self.case.where()})\n"
+                f"  op:     {self.case.op}; inputs: {shapes}; params: {params}\n")
+
+    def repr_failure(self, excinfo):
+        error = excinfo.value
+        if not isinstance(error, (CheckFailure, CaseTimeout)):
+            return self.header() + str(excinfo.getrepr(style="short"))
+        detail = str(error)
+        if error.__cause__ is not None:
+            detail += "\n" + "".join(traceback.format_exception(error.__cause__, limit=-3))
+        return self.header() + "  " + detail.rstrip().replace("\n", "\n  ")
+
+    def reportinfo(self):
+        return self.path, self.case.line - 1, self.test_id
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    state = _state(config)
+    if not state:
+        return
+    for item in items:
+        if isinstance(item, CaseItem):
+            entry = state.expected.find(item.test_id)
+            if entry:
+                item.add_marker(pytest.mark.xfail(reason=entry.reason, strict=True,
+                                                  raises=CheckFailure))
+                item.expected_reason = entry.reason
+    if config.getoption("profile") == "quick" and not config.getoption("dtype"):
+        for entry in state.expected.unused():
+            warnings.warn(f"expected failure {entry.match!r} ({entry.where}) matches no test",
+                          pytest.PytestWarning)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    state = _state(config)
+    if not state:
+        return
+    from .report import summary_lines
+
+    state.log.finish()
+    for line in summary_lines(state.log):
+        terminalreporter.write_line(line)
+    directory = config.getoption("report")
+    if directory:
+        paths = state.log.write(Path(directory))
+        terminalreporter.write_line("report: " + ", ".join(str(p) for p in paths))

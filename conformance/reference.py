@@ -1,0 +1,351 @@
+"""The float64 reference of every operation in the attention interface.
+
+Written from the definitions in DESIGN.md and docs/interface.md, independently of
+every backend. Golden data come from here. Two extras over the interface:
+
+- ``policies``: the reference computes every declared choice of every policy, so that
+  a case can say what each choice must produce;
+- :func:`rounded_to`: every intermediate result passes through :func:`_r`, which is the
+  identity in float64 and, inside ``with rounded_to("float16")``, rounds to that dtype.
+  That is the "plain same-dtype computation" whose error sets the tolerances
+  (spec/tolerances.yaml).
+
+sdpa and sdpa_vjp work block by block over queries (:data:`BLOCK`), so long sequences
+need memory proportional to BLOCK * Lk rather than Lq * Lk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+
+import numpy as np
+
+from .dtypes import numpy_dtype, round_to
+
+DEFAULT_POLICIES = {
+    "fully_masked_rows": "zeros",
+    "neg_inf_bias_rows": "nan",
+    "masked_key_nan": "ignored",
+    "masked_value_nan": "ignored",
+}
+
+#: query rows processed at once by sdpa and sdpa_vjp
+BLOCK = 256
+
+_ROUNDING = contextvars.ContextVar("rounding", default=None)
+
+
+@contextlib.contextmanager
+def rounded_to(dtype: str | None):
+    """Round every intermediate result to ``dtype`` (None: plain float64)."""
+    token = _ROUNDING.set(None if dtype in (None, "float64") else dtype)
+    try:
+        yield
+    finally:
+        _ROUNDING.reset(token)
+
+
+def _r(x):
+    dtype = _ROUNDING.get()
+    return x if dtype is None else round_to(x, dtype)
+
+
+def _mm(a, b):
+    """a @ b; under rounded_to, computed in that dtype (its accumulation error included)."""
+    dtype = _ROUNDING.get()
+    if dtype is None:
+        return a @ b
+    dt = numpy_dtype(dtype)
+    return np.matmul(a.astype(dt), b.astype(dt)).astype(np.float64)
+
+
+def _sum(x, axis):
+    """Sum over axis (keepdims); under rounded_to, accumulated in that dtype."""
+    dtype = _ROUNDING.get()
+    if dtype is None:
+        return np.sum(x, axis=axis, keepdims=True)
+    return np.sum(x.astype(numpy_dtype(dtype)), axis=axis, keepdims=True).astype(np.float64)
+
+
+def _f64(x):
+    return None if x is None else np.asarray(x, dtype=np.float64)
+
+
+def _policies(policies):
+    merged = dict(DEFAULT_POLICIES)
+    merged.update(policies or {})
+    return merged
+
+
+# --- softmax and scores ---------------------------------------------------------------
+
+def softmax(x, axis=-1):
+    x = _f64(x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = _r(np.exp(_r(x - np.max(x, axis=axis, keepdims=True))))
+        return _r(e / _sum(e, axis))
+
+
+def _matmul_t(a, b):
+    """a @ b^T over the last two axes."""
+    return _r(_mm(a, np.swapaxes(b, -1, -2)))
+
+
+def default_scale(d_k: int) -> float:
+    return 1.0 / math.sqrt(d_k)
+
+
+def scores(q, k, *, kind, scale=None, w=None, u=None, v=None):
+    q, k = _f64(q), _f64(k)
+    if kind == "dot":
+        return _matmul_t(q, k)
+    if kind == "scaled_dot":
+        scale = default_scale(q.shape[-1]) if scale is None else scale
+        return _r(_matmul_t(q, k) * scale)
+    if kind == "bilinear":
+        return _matmul_t(_r(_mm(q, _f64(w))), k)
+    if kind == "additive":
+        keys = _r(_mm(k, _f64(w)))[..., None, :, :]        # (*, 1, Lk, Da)
+        queries = _r(_mm(q, _f64(u)))[..., :, None, :]     # (*, Lq, 1, Da)
+        return _r(_mm(np.tanh(_r(keys + queries)), _f64(v)))
+    raise ValueError(f"unknown score kind {kind!r}")
+
+
+# --- which keys each query may see ----------------------------------------------------
+
+def allowed_keys(lq, lk, *, causal=None, window=None, rows=None):
+    """Boolean (len(rows), Lk): key j allowed for query i by causal and window."""
+    i = np.arange(lq)[:, None] if rows is None else np.asarray(rows)[:, None]
+    j = np.arange(lk)[None, :]
+    position = i + (lk - lq if causal == "bottom_right" else 0)
+    keep = np.ones((i.shape[0], lk), dtype=bool)
+    if causal in ("top_left", "bottom_right"):
+        keep &= j <= position
+    elif causal is not None:
+        raise ValueError(f"unknown causal alignment {causal!r}")
+    if window is not None:
+        left, right = window
+        if left is not None and left >= 0:
+            keep &= j >= position - left
+        if right is not None and right >= 0:
+            keep &= j <= position + right
+    return keep
+
+
+def _expand_kv(q, x):
+    """Repeat kv heads (dim -3) so that query head h reads kv head h // group."""
+    if q.ndim < 3 or x.ndim < 3:
+        return x
+    hq, hkv = q.shape[-3], x.shape[-3]
+    if hq == hkv or hkv == 1:
+        return x
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads are not a multiple of {hkv} kv heads")
+    return np.repeat(x, hq // hkv, axis=-3)
+
+
+# --- the score pipeline ---------------------------------------------------------------
+
+def _logits(q, k, *, scale, softcap, bias):
+    s = _r(_matmul_t(q, k) * scale)
+    if softcap is not None:
+        s = _r(softcap * _r(np.tanh(_r(s / softcap))))
+    if bias is not None:
+        s = _r(s + bias)
+    return s
+
+
+def _weights(s, keep, policy):
+    """Softmax over keys of the scores s, with disallowed keys (keep False) at zero."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if policy["masked_key_nan"] == "ignored":
+            masked = np.where(keep, s, -np.inf)
+        else:
+            masked = s + np.where(keep, 0.0, -np.inf)
+        top = np.max(masked, axis=-1, keepdims=True)
+        finite_top = np.where(np.isfinite(top), top, 0.0)
+        e = _r(np.exp(_r(masked - finite_top)))
+        p = _r(e / _sum(e, -1))
+    no_key = ~np.any(keep, axis=-1, keepdims=True)
+    only_neg_inf = ~no_key & np.all(np.where(keep, s == -np.inf, True), axis=-1, keepdims=True)
+    p = _empty_rows(p, no_key, policy["fully_masked_rows"])
+    return _empty_rows(p, only_neg_inf, policy["neg_inf_bias_rows"])
+
+
+def _empty_rows(p, rows, choice):
+    if not np.any(rows):
+        return p
+    fill = {"zeros": 0.0, "uniform": 1.0 / p.shape[-1], "nan": np.nan}[choice]
+    return np.where(rows, fill, p)
+
+
+def _prepare(q, k, v, mask, bias, scale):
+    q, k, v, bias = _f64(q), _f64(k), _f64(v), _f64(bias)
+    k, v = _expand_kv(q, k), (None if v is None else _expand_kv(q, v))
+    scale = default_scale(q.shape[-1]) if scale is None else scale
+    lq, lk = q.shape[-2], k.shape[-2]
+    score_shape = np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (lq, lk)
+    if mask is not None:
+        np.broadcast_shapes(np.shape(mask), score_shape)
+    if bias is not None:
+        np.broadcast_shapes(bias.shape, score_shape)
+    return q, k, v, bias, scale, score_shape
+
+
+def _row_block(x, rows, score_shape):
+    """Rows `rows` (a slice over Lq) of an array broadcastable to score_shape."""
+    if x is None:
+        return None
+    x = np.asarray(x)
+    if x.ndim >= 2 and x.shape[-2] != 1:
+        return x[..., rows, :]
+    return x
+
+
+def _block_weights(q, k, mask, bias, rows, keep_rows, score_shape, scale, softcap, policy):
+    s = _logits(q[..., rows, :], k, scale=scale, softcap=softcap,
+                bias=_row_block(bias, rows, score_shape))
+    keep = keep_rows
+    if mask is not None:
+        keep = keep & _row_block(np.asarray(mask, dtype=bool), rows, score_shape)
+    keep = np.broadcast_to(keep, s.shape)
+    return s, keep, _weights(s, keep, policy)
+
+
+def _row_slices(lq):
+    return [slice(start, min(start + BLOCK, lq)) for start in range(0, lq, BLOCK)]
+
+
+def attention_weights(q, k, *, mask=None, bias=None, causal=None, scale=None,
+                      softcap=None, window=None, policies=None):
+    q, k, _, bias, scale, shape = _prepare(q, k, None, mask, bias, scale)
+    policy = _policies(policies)
+    keep = allowed_keys(shape[-2], shape[-1], causal=causal, window=window)
+    _, _, p = _block_weights(q, k, mask, bias, slice(None), keep, shape, scale, softcap,
+                             policy)
+    return p
+
+
+def _weighted_values(p, keep, v, policy):
+    """P V; a masked-out non-finite value is kept out unless its policy propagates it."""
+    if policy["masked_value_nan"] == "propagates" or np.all(np.isfinite(v)):
+        return _r(_mm(p, v))
+    values = np.where(keep[..., None], v[..., None, :, :], 0.0)   # (*, Lq, Lk, Dv)
+    return _r(np.sum(p[..., None] * values, axis=-2))
+
+
+def sdpa(q, k, v, *, mask=None, bias=None, causal=None, scale=None, softcap=None,
+         window=None, policies=None):
+    q, k, v, bias, scale, shape = _prepare(q, k, v, mask, bias, scale)
+    policy = _policies(policies)
+    out_shape = np.broadcast_shapes(shape[:-1] + (1,), v.shape[:-2] + (1, 1))[:-1]
+    out = np.empty(out_shape + (v.shape[-1],))
+    for rows in _row_slices(shape[-2]):
+        keep_rows = allowed_keys(shape[-2], shape[-1], causal=causal, window=window,
+                                 rows=np.arange(shape[-2])[rows])
+        _, keep, p = _block_weights(q, k, mask, bias, rows, keep_rows, shape, scale,
+                                    softcap, policy)
+        out[..., rows, :] = _weighted_values(p, keep, v, policy)
+    return out
+
+
+# --- gradients ------------------------------------------------------------------------
+
+def _unbroadcast(grad, shape):
+    """Sum grad down to shape (undoing broadcasting and grouped-query expansion)."""
+    while grad.ndim > len(shape):
+        grad = grad.sum(axis=0)
+    for axis, size in enumerate(shape):
+        if size == 1 and grad.shape[axis] != 1:
+            grad = grad.sum(axis=axis, keepdims=True)
+    if grad.ndim >= 3 and grad.shape[-3] != shape[-3]:
+        group = grad.shape[-3] // shape[-3]
+        grad = grad.reshape(grad.shape[:-3] + (shape[-3], group) + grad.shape[-2:]).sum(-3)
+    return grad
+
+
+def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+             softcap=None, window=None, policies=None):
+    q_shape, k_shape, v_shape = np.shape(q), np.shape(k), np.shape(v)
+    q, k, v, bias, scale, shape = _prepare(q, k, v, mask, bias, scale)
+    d_out, policy = _f64(d_out), _policies(policies)
+    batch = np.broadcast_shapes(shape[:-2], v.shape[:-2], d_out.shape[:-2])
+    dq = np.zeros(batch + q.shape[-2:])
+    dk = np.zeros(batch + k.shape[-2:])
+    dv = np.zeros(batch + v.shape[-2:])
+    for rows in _row_slices(shape[-2]):
+        keep_rows = allowed_keys(shape[-2], shape[-1], causal=causal, window=window,
+                                 rows=np.arange(shape[-2])[rows])
+        s, keep, p = _block_weights(q, k, mask, bias, rows, keep_rows, shape, scale,
+                                    softcap, policy)
+        g = d_out[..., rows, :]
+        dv += _r(_mm(np.swapaxes(p, -1, -2), g))
+        dp = _matmul_t(g, v)
+        ds = _r(p * _r(dp - _sum(_r(dp * p), -1)))
+        ds = np.where(keep, ds, 0.0)
+        if softcap is not None:
+            raw = _logits(q[..., rows, :], k, scale=scale, softcap=None, bias=None)
+            ds = _r(ds * _r(1.0 - np.tanh(raw / softcap) ** 2))
+        dq[..., rows, :] += _r(_r(_mm(ds, k)) * scale)
+        dk += _r(_r(_mm(np.swapaxes(ds, -1, -2), q[..., rows, :])) * scale)
+    return (_unbroadcast(dq, q_shape), _unbroadcast(dk, k_shape), _unbroadcast(dv, v_shape))
+
+
+# --- learned projections --------------------------------------------------------------
+
+def self_attention(x, w_q, w_k, w_v, *, mask=None, causal=None, policies=None):
+    x = _f64(x)
+    q, k, v = (_r(_mm(x, _f64(w))) for w in (w_q, w_k, w_v))
+    return sdpa(q, k, v, mask=mask, causal=causal, policies=policies)
+
+
+def _split_heads(x, heads):
+    """(*, L, H*D) -> (*, H, L, D): head h takes columns [h*D, (h+1)*D)."""
+    x = x.reshape(x.shape[:-1] + (heads, x.shape[-1] // heads))
+    return np.swapaxes(x, -2, -3)
+
+
+def multi_head_attention(query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
+                         num_kv_heads=None, mask=None, causal=None, policies=None):
+    kv_heads = num_kv_heads or num_heads
+    q = _split_heads(_r(_mm(_f64(query), _f64(w_q))), num_heads)
+    k = _split_heads(_r(_mm(_f64(key), _f64(w_k))), kv_heads)
+    v = _split_heads(_r(_mm(_f64(value), _f64(w_v))), kv_heads)
+    heads = sdpa(q, k, v, mask=mask, causal=causal, policies=policies)
+    merged = np.swapaxes(heads, -2, -3)
+    merged = merged.reshape(merged.shape[:-2] + (-1,))
+    return _r(_mm(merged, _f64(w_o)))
+
+
+# --- column-vector form (the NNDL and lecture notation) -------------------------------
+
+def sdpa_columns(q_cols, k_cols, v_cols):
+    """V softmax(Kᵀ Q / sqrt(d)) with tokens as columns: the lecture's matrix form."""
+    q_cols, k_cols, v_cols = _f64(q_cols), _f64(k_cols), _f64(v_cols)
+    a = np.swapaxes(k_cols, -1, -2) @ q_cols / math.sqrt(q_cols.shape[-2])
+    return v_cols @ softmax(a, axis=-2)
+
+
+OPERATIONS = {
+    "softmax": softmax,
+    "scores": scores,
+    "attention_weights": attention_weights,
+    "sdpa": sdpa,
+    "self_attention": self_attention,
+    "multi_head_attention": multi_head_attention,
+    "sdpa_vjp": sdpa_vjp,
+}
+
+#: the operations whose result depends on a policy choice
+POLICY_AWARE = {"attention_weights", "sdpa", "sdpa_vjp", "self_attention",
+                "multi_head_attention"}
+
+
+def run(op: str, arrays: dict, params: dict, policies=None):
+    """Call reference operation ``op`` with the case's arrays and params."""
+    func = OPERATIONS[op]
+    extra = {"policies": policies} if op in POLICY_AWARE else {}
+    result = func(**arrays, **params, **extra)
+    return result if isinstance(result, tuple) else (result,)
