@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .golden import GoldenError
 from .properties import PROPERTIES
 from .runner import CheckFailure, Context, exact_value, target, worst_error
 from .statistics import STATISTICS
@@ -49,9 +50,9 @@ def check_exact(ctx: Context, exact: dict, policy=None) -> None:
             bad = np.argwhere(~((actual == expected) | (np.isnan(actual) & np.isnan(expected))))
             where = tuple(int(i) for i in bad[0]) if bad.size else ()
             problems.append(
-                f"exact {text}{_policy_label(policy)}: got {np.asarray(actual)[where]!r} "
+                f"exact {text}{_policy_label(policy)}: got {np.asarray(actual)[where].tolist()!r} "
                 f"at {list(where)} of the selection, expected exactly "
-                f"{np.asarray(expected)[where]!r}")
+                f"{np.asarray(expected)[where].tolist()!r}")
     if problems:
         raise CheckFailure("\n".join(problems))
 
@@ -76,6 +77,8 @@ def check_outcome(ctx: Context, outcome: dict, policy=None) -> float:
             ratio = max(ratio, run(ctx, outcome, policy))
         except CheckFailure as exc:
             problems.append(str(exc))
+        except GoldenError as exc:      # the other parts are still checked
+            problems.append(f"golden data: {exc}")
     if problems:
         raise CheckFailure("\n".join(problems))
     return ratio

@@ -6,7 +6,7 @@ import numpy as np
 
 from .indexing import parse_index, split_target
 from .inputs import build_inputs
-from .interface import OPERATIONS, OUTPUTS
+from .interface import OPERATIONS, OUTPUTS, POLICIES
 
 #: inputs each op accepts (positional ones first)
 OP_INPUTS = {
@@ -181,15 +181,20 @@ def _check_expect(case, arrays) -> list[str]:
     return problems
 
 
-def static_errors(case):
-    """Every problem of a case beyond the schema, as SpecErrors."""
+def static_errors(case, known_dtypes=None, tolerance_file="spec/tolerances.yaml"):
+    """Every problem of a case beyond the schema, as SpecErrors.
+
+    known_dtypes: the dtypes with a tolerance (default: those of spec/tolerances.yaml).
+    """
     from .spec import SpecError
     from .tolerances import load_tolerances
 
     problems = _check_names(case)
-    known = load_tolerances().unit_roundoff
-    problems += [f"dtype {d!r} has no tolerance in spec/tolerances.yaml"
-                 for d in case.dtypes if d not in known]
+    if known_dtypes is None:
+        known_dtypes = load_tolerances().unit_roundoff
+    problems += [f"dtype {d!r} has no tolerance in {tolerance_file}"
+                 for d in case.dtypes if d not in known_dtypes]
+    problems += _check_policies(case)
     for variant in case.variants:
         label = f"dims {variant.label}: " if variant.label else ""
         try:
@@ -201,6 +206,16 @@ def static_errors(case):
         if not problems:
             problems += _check_expect(case, arrays)
     return [SpecError(case.file, case.line, case.id, p) for p in dict.fromkeys(problems)]
+
+
+def _check_policies(case) -> list[str]:
+    """Each policy branch names a choice of that policy (the schema only knows all names)."""
+    problems = []
+    for name, choices in case.expect.get("policy", {}).items():
+        allowed = POLICIES.get(name, ())
+        problems += [f"policy {name} has no choice {choice!r} (its choices: {', '.join(allowed)})"
+                     for choice in choices if choice not in allowed]
+    return problems
 
 
 def _check_arrays(case, arrays) -> list[str]:

@@ -1,14 +1,37 @@
-"""The command line: attention-conformance (also python -m conformance)."""
+"""The command line: attention-conformance (also python -m conformance).
+
+Commands: certify, list, validate, golden check|regenerate, export, report, fuzz.
+docs/cli.md documents each of them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+from pathlib import Path
 
 from . import golden
 from .paths import CASES_DIR, GOLDEN_DIR
 from .spec import load_spec
 
+_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+def _cases_dir(args) -> Path:
+    return Path(args.spec_dir).resolve() if args.spec_dir else CASES_DIR
+
+
+def _golden_dir(args) -> Path:
+    return GOLDEN_DIR if not args.spec_dir else _cases_dir(args).parent / "golden"
+
+
+def _err(*text):
+    print(*text, file=sys.stderr, flush=True)
+
+
+# --- validate, golden ------------------------------------------------------------------
 
 def _validate(args) -> int:
     spec = load_spec(args.spec_dir or CASES_DIR)
@@ -20,6 +43,40 @@ def _validate(args) -> int:
     return 1 if spec.errors else 0
 
 
+def _case_of(key: str) -> str:
+    return key.split("/", 1)[0]
+
+
+def _change_summary(changes) -> list[str]:
+    """One line per case: how many arrays were added, removed or changed, and by how much."""
+    per_case: dict[str, dict] = {}
+    for key, what in changes:
+        entry = per_case.setdefault(_case_of(key), {"changed": 0, "added": 0, "removed": 0,
+                                                    "max": 0.0, "shape": 0})
+        if what.startswith("added"):
+            entry["added"] += 1
+        elif what.startswith("removed"):
+            entry["removed"] += 1
+        elif what.startswith("shape"):
+            entry["shape"] += 1
+        else:
+            entry["changed"] += 1
+            try:
+                entry["max"] = max(entry["max"], float(what.rsplit(" ", 1)[1]))
+            except (IndexError, ValueError):
+                pass
+    lines = []
+    for case_id, e in sorted(per_case.items()):
+        parts = []
+        if e["changed"]:
+            parts.append(f"{e['changed']} changed (max abs change {e['max']:.3g})")
+        for kind in ("shape", "added", "removed"):
+            if e[kind]:
+                parts.append(f"{e[kind]} {'reshaped' if kind == 'shape' else kind}")
+        lines.append(f"  {case_id}: " + ", ".join(parts))
+    return lines
+
+
 def _golden(args) -> int:
     spec = load_spec(args.spec_dir or CASES_DIR)
     for error in spec.errors:
@@ -27,12 +84,16 @@ def _golden(args) -> int:
     if spec.errors:
         print("fix the spec first: golden data are only made from valid cases", file=sys.stderr)
         return 1
-    directory = GOLDEN_DIR if not args.spec_dir else golden.Path(args.spec_dir).parent / "golden"
+    directory = _golden_dir(args)
     if args.action == "regenerate":
         changes = golden.regenerate(spec.cases, directory)
         for key, what in changes:
             print(f"{key}: {what}")
         print(f"{len(changes)} golden arrays changed")
+        summary = _change_summary(changes)
+        if summary:
+            print(f"{len(summary)} cases changed:")
+            print("\n".join(summary))
         return 0
     problems = golden.check(spec.cases, directory)
     for problem in problems:
@@ -41,20 +102,294 @@ def _golden(args) -> int:
     return 1 if problems else 0
 
 
+# --- list ------------------------------------------------------------------------------
+
+def _selected(case, args) -> bool:
+    if args.topic and case.topic not in args.topic:
+        return False
+    if args.op and case.op not in args.op:
+        return False
+    if args.dtype and not set(args.dtype) & set(case.dtypes):
+        return False
+    if args.profile != "all" and case.profile != args.profile:
+        return False
+    if args.keyword:
+        text = " ".join((case.id, case.topic, case.description, case.source)).lower()
+        if args.keyword.lower() not in text:
+            return False
+    return True
+
+
+def _list(args) -> int:
+    spec = load_spec(_cases_dir(args))
+    cases = [c for c in spec.cases if _selected(c, args)]
+    if args.ids:
+        for case in cases:
+            print(case.id)
+        return 0
+    topics: dict[str, list] = {}
+    for case in cases:
+        topics.setdefault(case.topic, []).append(case)
+    width = max((len(c.id) for c in cases), default=10)
+    tests = 0
+    for topic, topic_cases in topics.items():
+        print(f"{topic} ({len(topic_cases)} cases)")
+        for c in topic_cases:
+            dtypes = [d for d in c.dtypes if not args.dtype or d in args.dtype]
+            n = len(c.variants) * len(dtypes)
+            tests += n
+            long = " [long]" if c.profile == "long" else ""
+            print(f"  {c.id:<{width}}  {c.op:<20} {n:>3} tests  {c.description}{long}")
+    print(f"{len(cases)} cases in {len(topics)} topics, {tests} tests per backend"
+          + (f"; {len(spec.errors)} spec problems (run: attention-conformance validate)"
+             if spec.errors else ""))
+    return 0
+
+
+# --- certify ---------------------------------------------------------------------------
+
+def _plugin_autoloads() -> bool:
+    """Whether pytest loads the conformance plugin by itself (its pytest11 entry point)."""
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return False
+    from importlib.metadata import entry_points
+    return any(ep.value == "conformance.plugin" for ep in entry_points(group="pytest11"))
+
+
+def certify_argv(args, passthrough) -> list[str]:
+    """The pytest command line that certify runs."""
+    cases_dir = _cases_dir(args)
+    argv = [] if _plugin_autoloads() else ["-p", "conformance.plugin"]
+    # this process imported conformance before pytest could mark it for assertion
+    # rewriting; the plugin asserts nothing, so pytest's warning about it is noise
+    argv += ["-W", "ignore:Module already imported so cannot be rewritten"
+                   ":pytest.PytestAssertRewriteWarning"]
+    argv += [str(cases_dir), "--backend", args.backend]
+    if args.spec_dir:
+        argv += ["--spec-dir", str(cases_dir)]
+    for dtype in args.dtype or ():
+        argv += ["--dtype", dtype]
+    if args.keyword:
+        argv += ["-k", args.keyword]
+    if args.report:
+        argv += ["--report", args.report]
+    if args.profile:
+        argv += ["--profile", args.profile]
+    for path in args.expected_failures or ():
+        argv += ["--expected-failures", path]
+    return argv + list(passthrough)
+
+
+def _certify(args, passthrough) -> int:
+    import pytest
+
+    argv = certify_argv(args, passthrough)
+    if args.show_command:
+        print("pytest " + " ".join(argv))
+    return int(pytest.main(argv))
+
+
+# --- export ----------------------------------------------------------------------------
+
+def _export(args) -> int:
+    from .export import export
+
+    spec = load_spec(_cases_dir(args))
+    for error in spec.errors:
+        _err(f"skipped (invalid): {error}")
+    cases = [c for c in spec.cases if _selected(c, args)
+             and (not args.case or c.id in args.case)]
+    missing = sorted(set(args.case or ()) - {c.id for c in cases})
+    if missing:
+        _err(f"no such case (or not selected): {', '.join(missing)}")
+        return 2
+    if not cases:
+        _err("no case selected")
+        return 2
+    step = max(1, len(cases) // 10)
+
+    def progress(done, total, case_id):
+        if done % step == 0 or done == total:
+            _err(f"export: {done}/{total} cases ({case_id})")
+
+    try:
+        index = export(cases, Path(args.directory), args.format, golden_dir=_golden_dir(args),
+                       dtypes=args.dtype, spec_dir=_cases_dir(args).parent, progress=progress)
+    except golden.GoldenError as exc:
+        _err(f"golden data: {exc}")
+        return 1
+    files = sum(len(c["entries"]) for c in index["cases"])
+    print(f"exported {len(index['cases'])} cases ({files} {args.format} files) to "
+          f"{args.directory}; the format is described in {Path(args.directory) / 'README.md'}")
+    return 0
+
+
+# --- report ----------------------------------------------------------------------------
+
+def _report(args) -> int:
+    from .report import load_results, matrix_markdown, write_matrix
+
+    directory = Path(args.directory)
+    results = load_results(directory) if directory.is_dir() else []
+    if not results:
+        _err(f"no backend reports (BACKEND.json) in {directory}; "
+             "make them with: attention-conformance certify BACKEND --report "
+             f"{directory}")
+        return 1
+    print(matrix_markdown(results), end="")
+    out = Path(args.output) if args.output else directory
+    paths = write_matrix(results, out)
+    print(f"\nmatrix of {len(results)} backends: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+# --- fuzz ------------------------------------------------------------------------------
+
+def _fuzz(args) -> int:
+    from .fuzz import OPS, case_file_yaml, fuzz
+    from .loading import BackendLoadError, load_backend
+
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError:
+        _err("fuzz needs Hypothesis: pip install 'attention-conformance[fuzz]'")
+        return 2
+
+    try:
+        backend = load_backend(args.backend)
+    except BackendLoadError as exc:
+        _err(str(exc))
+        return 2
+    step = max(1, args.examples // 10)
+
+    def progress(tried, total):
+        if tried % step == 0:
+            _err(f"fuzz: {tried} cases tried" + (" (shrinking a failure)" if tried > total else ""))
+
+    try:
+        report = fuzz(backend, examples=args.examples, seed=args.seed, dtypes=args.dtype,
+                      ops=args.op or OPS, progress=None if args.quiet else progress)
+    except ValueError as exc:
+        _err(str(exc))
+        return 2
+    command = (f"attention-conformance fuzz {args.backend} --examples {args.examples} "
+               f"--seed {args.seed}")
+    print(report.text(command), end="")
+    if report.failure and args.save:
+        path = Path(args.save)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        topic = re.sub(r"[^a-z0-9_-]", "_", path.stem.lower())
+        if topic != path.stem or path.suffix != ".yaml":
+            path = path.with_name(f"{topic}.yaml")   # a case file's topic is its name
+        path.write_text(case_file_yaml([report.failure.doc], topic=topic))
+        _err(f"saved as a case file: {path}")
+    return 1 if report.failure else 0
+
+
+# --- the parser ------------------------------------------------------------------------
+
+def _filters(p, what="cases"):
+    p.add_argument("--topic", action="append", help=f"only {what} of this topic (repeatable)")
+    p.add_argument("--op", action="append", help=f"only {what} of this op (repeatable)")
+    p.add_argument("--dtype", action="append", choices=_DTYPES,
+                   help="only this dtype (repeatable)")
+    p.add_argument("-k", dest="keyword", default=None,
+                   help="only cases whose id, topic, description or source contains this text")
+    p.add_argument("--profile", choices=("quick", "long", "all"), default="quick",
+                   help="quick (default), long (long-sequence cases) or all")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attention-conformance", description=__doc__)
-    parser.add_argument("--spec-dir", default=None, help="case files (default spec/cases)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("validate", help="check every spec file against the schema")
-    g = sub.add_parser("golden", help="check or regenerate the golden data")
+    parser = argparse.ArgumentParser(
+        prog="attention-conformance",
+        description="The attention specification as data, and the suite that certifies "
+                    "implementations of it. Documentation: docs/cli.md.")
+    parser.add_argument("--spec-dir", default=None,
+                        help="folder of case files (default spec/cases); golden data are "
+                             "read from its sibling folder golden/")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, help_text, **kw):
+        p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False, **kw)
+        p.add_argument("--spec-dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        return p
+
+    c = command("certify", "run the conformance cases on a backend (pytest underneath); "
+                "options not listed here go to pytest (e.g. --junitxml=PATH, -x, -n 2), "
+                "as does everything after --",
+                epilog="BACKEND: numpy | torch | jax | tensorflow | an entry point name | "
+                       "package.module:attr | path/to/file.py:attr")
+    c.add_argument("backend", metavar="BACKEND")
+    c.add_argument("--dtype", action="append", choices=_DTYPES,
+                   help="run only this dtype (repeatable)")
+    c.add_argument("-k", dest="keyword", default=None,
+                   help="pytest -k expression over test ids (topic/case-id[variant-dtype])")
+    c.add_argument("--report", metavar="DIR", default=None,
+                   help="write BACKEND.json and BACKEND.md into DIR")
+    c.add_argument("--profile", choices=("quick", "long", "all"), default=None,
+                   help="quick (default) skips long-sequence cases; long runs only them")
+    c.add_argument("--expected-failures", action="append", metavar="FILE",
+                   help="an expected-failures file for this backend (repeatable)")
+    c.add_argument("--show-command", action="store_true",
+                   help="print the pytest command line first")
+
+    ls = command("list", "list the cases by topic")
+    _filters(ls)
+    ls.add_argument("--ids", action="store_true", help="print only the ids, one a line")
+
+    command("validate", "check every spec file against the schema; print every problem")
+
+    g = command("golden", "check the frozen golden data against the reference, or "
+                "regenerate them (and show which cases changed, by how much)")
     g.add_argument("action", choices=("check", "regenerate"))
+
+    e = command("export", "write each case's inputs, params, golden outputs and tolerances "
+                "as plain files (npz or json) with an index and a README")
+    e.add_argument("directory", metavar="DIR")
+    e.add_argument("--format", choices=("npz", "json"), default="npz")
+    e.add_argument("--case", action="append", metavar="ID", help="only this case (repeatable)")
+    _filters(e)
+
+    r = command("report", "combine the backend reports of DIR (BACKEND.json) into one "
+                "matrix: Markdown on stdout, matrix.md and matrix.html")
+    r.add_argument("directory", metavar="DIR")
+    r.add_argument("--output", metavar="OUT", default=None,
+                   help="write matrix.md and matrix.html here (default DIR)")
+
+    f = command("fuzz", "compare a backend with the reference on random cases drawn by "
+                "Hypothesis; print a failure as a YAML case ready to paste into the spec")
+    f.add_argument("backend", metavar="BACKEND")
+    f.add_argument("--examples", type=int, default=100, help="cases to draw (default 100)")
+    f.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    f.add_argument("--dtype", action="append", choices=_DTYPES,
+                   help="only this dtype (repeatable; default: every dtype the backend declares)")
+    f.add_argument("--op", action="append", choices=("sdpa", "attention_weights", "sdpa_vjp"),
+                   help="only this op (repeatable; default all three)")
+    f.add_argument("--save", metavar="FILE.yaml", default=None,
+                   help="also write the failing case as a complete case file")
+    f.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    handlers = {"validate": _validate, "golden": _golden}
-    return handlers[args.command](args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    after = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, after = argv[:at], argv[at + 1:]
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "certify":
+        return _certify(args, unknown + after)
+    if unknown or after:
+        parser.error(f"unrecognized arguments: {' '.join(unknown + after)}")
+    handlers = {"validate": _validate, "golden": _golden, "list": _list, "export": _export,
+                "report": _report, "fuzz": _fuzz}
+    try:
+        return handlers[args.command](args)
+    except BrokenPipeError:          # e.g. `attention-conformance list | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

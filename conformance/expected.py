@@ -5,16 +5,24 @@ with --expected-failures) lists entries:
 
     backend: torch
     entries:
-      - match: "causal/some-case[*float16]"   # test id pattern (fnmatch)
+      - match: "causal/some-case[*float16]"   # test id; * matches anything
         reason: "why the native op differs from the spec"
+      - match: "*"                             # optional filters narrow a broad pattern:
+        ops: [sdpa, sdpa_vjp]                  #   the case's op
+        dtypes: [float64]                      #   the test's dtype
+        strict: false                          #   some matching tests may pass
+        message: "text"                        #   the failure message must contain this
+        reason: "..."
 
-A matching test is an expected failure (strict: if it passes, the run fails and says
-the entry is stale); an entry that matches no test at all gets a warning.
+A matching test is an expected failure. Strict entries (the default) fail the run when
+the test passes, saying the entry is stale; `strict: false` is for a broad finding that
+some insensitive cases cannot see. An entry that matches no test at all gets a warning.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import functools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,16 +36,25 @@ class Entry:
     match: str
     reason: str
     where: str
+    ops: tuple = ()
+    dtypes: tuple = ()
+    strict: bool = True
+    message: str = ""
     used: int = 0
+
+    def matches(self, test_id: str, op: str, dtype: str) -> bool:
+        return (_pattern(self.match).fullmatch(test_id) is not None
+                and (not self.ops or op in self.ops)
+                and (not self.dtypes or dtype in self.dtypes))
 
 
 @dataclass
 class ExpectedFailures:
     entries: list = field(default_factory=list)
 
-    def find(self, test_id: str) -> Entry | None:
+    def find(self, test_id: str, op: str = "", dtype: str = "") -> Entry | None:
         for entry in self.entries:
-            if fnmatch.fnmatchcase(test_id, entry.match):
+            if entry.matches(test_id, op, dtype):
                 entry.used += 1
                 return entry
         return None
@@ -46,16 +63,35 @@ class ExpectedFailures:
         return [e for e in self.entries if not e.used]
 
 
+@functools.cache
+def _pattern(text: str) -> re.Pattern:
+    """A test-id pattern: '*' matches any run of characters, everything else itself."""
+    return re.compile(".*".join(re.escape(part) for part in text.split("*")))
+
+
+_KEYS = {"match", "reason", "ops", "dtypes", "strict", "message"}
+
+
+def _entry(raw, path) -> Entry:
+    line = getattr(raw, "line", 0)
+    if not isinstance(raw, dict) or not {"match", "reason"} <= set(raw) or not raw["reason"]:
+        raise SpecError(path, line, None, "each entry needs 'match' and a non-empty 'reason'")
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise SpecError(path, line, None, f"unknown key(s) {', '.join(sorted(unknown))} "
+                        f"(known: {', '.join(sorted(_KEYS))})")
+    return Entry(str(raw["match"]), str(raw["reason"]).strip(), f"{path}:{line}",
+                 tuple(raw.get("ops", ())), tuple(raw.get("dtypes", ())),
+                 bool(raw.get("strict", True)), str(raw.get("message", "")))
+
+
 def load_expected(path: Path) -> ExpectedFailures:
     data = parse_yaml(path.read_text(encoding="utf-8"), str(path))
     if not isinstance(data, dict) or not isinstance(data.get("entries", []), list):
         raise SpecError(path, 1, None, "an expected-failures file is a mapping with 'entries'")
     entries = []
     for raw in data.get("entries") or []:
-        if not isinstance(raw, dict) or set(raw) != {"match", "reason"} or not raw["reason"]:
-            raise SpecError(path, getattr(raw, "line", 0), None,
-                            "each entry needs exactly 'match' and a non-empty 'reason'")
-        entries.append(Entry(str(raw["match"]), str(raw["reason"]), f"{path}:{raw.line}"))
+        entries.append(_entry(raw, path))
     return ExpectedFailures(entries)
 
 

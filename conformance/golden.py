@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,13 +128,17 @@ def load_topic(directory: Path, topic: str) -> dict[str, np.ndarray]:
     expected = read_manifest(directory).get(path.name)
     if expected is None:
         raise GoldenError(f"golden file {path} is not listed in {directory / MANIFEST}")
-    if sha256(path) != expected:
-        raise GoldenError(f"golden file {path} does not match its sha256 in {MANIFEST}")
+    found = sha256(path)
+    if found != expected:
+        raise GoldenError(f"golden file {path} does not match its sha256 in {MANIFEST} "
+                          f"(listed {expected[:12]}..., file has {found[:12]}...; "
+                          f"{path.stat().st_size} bytes: truncated or changed by hand?)")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {name: data[name] for name in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise GoldenError(f"golden file {path} cannot be read: {exc}") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        raise GoldenError(f"golden file {path} cannot be read (truncated or corrupt): "
+                          f"{type(exc).__name__}: {exc}") from None
 
 
 @dataclass

@@ -89,6 +89,9 @@ def _generate(spec: dict, dims: dict) -> np.ndarray:
     raise ValueError(f"no generator in {sorted(spec)}")
 
 
+_NUMBER_WORDS = {".nan": np.nan, ".inf": np.inf, "-.inf": -np.inf}
+
+
 def _modify(array: np.ndarray, spec: dict) -> np.ndarray:
     if "times" in spec:
         array = array * spec["times"]
@@ -96,20 +99,26 @@ def _modify(array: np.ndarray, spec: dict) -> np.ndarray:
         array = array + spec["plus"]
     for entry in spec.get("set", ()):
         array = np.array(array, copy=True)
-        value = float(entry["value"]) if isinstance(entry["value"], str) else entry["value"]
-        array[parse_index(entry["at"])] = value
+        value = entry["value"]
+        array[parse_index(entry["at"])] = _NUMBER_WORDS.get(value, value) \
+            if isinstance(value, str) else value
     return array
 
 
 def build_inputs(inputs: dict, dims: dict) -> dict[str, np.ndarray]:
-    """Every input array of a case variant: float64, or bool for masks."""
-    arrays = {}
-    for name, spec in inputs.items():
-        if "same_as" not in spec:
-            arrays[name] = _modify(_generate(spec, dims), spec)
-    for name, spec in inputs.items():
-        if "same_as" in spec:
-            if spec["same_as"] not in arrays:
-                raise ValueError(f"input {name!r} is same_as unknown input {spec['same_as']!r}")
-            arrays[name] = _modify(arrays[spec["same_as"]], spec)
-    return arrays
+    """Every input array of a case variant: float64, or bool for masks.
+
+    A `same_as` input copies another input after that one's modifiers (chains allowed).
+    """
+    arrays, pending = {}, dict(inputs)
+    while pending:
+        ready = [n for n, s in pending.items() if s.get("same_as") in (None, *arrays)]
+        if not ready:
+            name, spec = next(iter(pending.items()))
+            why = "unknown input" if spec["same_as"] not in inputs else "(in a cycle) input"
+            raise ValueError(f"input {name!r} is same_as {why} {spec['same_as']!r}")
+        for name in ready:
+            spec = pending.pop(name)
+            source = spec.get("same_as")
+            arrays[name] = _modify(arrays[source] if source else _generate(spec, dims), spec)
+    return {name: arrays[name] for name in inputs}

@@ -22,13 +22,21 @@ def _entry_points() -> dict:
 
 
 def _import_file(path: Path):
+    """Import an adapter file; its folder becomes importable, as for `python path/file.py`."""
     if not path.is_file():
         raise BackendLoadError(f"no such file: {path}")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)     # appended: the adapter's siblings never shadow packages
     module_name = f"_attention_conformance_adapter_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
     return module
 
 
@@ -67,8 +75,9 @@ def load_backend(reference: str):
     except BackendLoadError:
         raise
     except Exception as exc:  # an adapter failing to import is reported once, clearly
+        hint = " (is its framework installed?)" if isinstance(exc, ImportError) else ""
         raise BackendLoadError(f"backend {reference!r} failed to load: "
-                               f"{type(exc).__name__}: {exc}") from exc
+                               f"{type(exc).__name__}: {exc}{hint}") from exc
     missing = [a for a in ("name", "dtypes", "policy") if not hasattr(backend, a)]
     if missing:
         raise BackendLoadError(f"backend {reference!r} lacks attribute(s) {', '.join(missing)}"

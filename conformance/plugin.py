@@ -20,7 +20,7 @@ from .golden import GoldenStore
 from .interface import describe
 from .loading import BackendLoadError, load_backend
 from .paths import CASES_DIR
-from .results import ResultLog
+from .results import ResultLog, record_for
 from .runner import CheckFailure, Unsupported, run_case
 from .spec import SpecError, load_spec
 from .timeout import CaseTimeout, time_limit
@@ -55,7 +55,15 @@ class State:
         self.spec = load_spec(cases_dir)
         self.golden = GoldenStore(cases_dir.parent / "golden")
         self.expected = expected_for(self.backend, config.getoption("expected_failures"))
-        self.log = ResultLog(self.info, self.spec)
+        self.log = ResultLog(self.info, self.spec, spec_dir=cases_dir.parent,
+                             selection=_selection(config))
+
+
+def _selection(config) -> dict:
+    """What part of the spec this run was asked to run (printed in the report)."""
+    return {"profile": config.getoption("profile"), "dtypes": config.getoption("dtype"),
+            "keyword": config.getoption("keyword", ""),
+            "markexpr": config.getoption("markexpr", "")}
 
 
 _STATE = pytest.StashKey["State"]()
@@ -67,8 +75,18 @@ def pytest_configure(config):
         return
     try:
         config.stash[_STATE] = State(config)
+        config.pluginmanager.register(_Collector(config.stash[_STATE]),
+                                      "attention-conformance-results")
     except (BackendLoadError, SpecError, OSError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    stray = _errors_outside_case_files(config.stash[_STATE])
+    if stray:   # no test item could carry them: the spec folder itself is unusable
+        raise pytest.UsageError("\n".join(str(e) for e in stray))
+
+
+def _errors_outside_case_files(state) -> list:
+    names = {p.name for p in state.cases_dir.glob("*.yaml")}
+    return [e for e in state.spec.errors if Path(e.file).name not in names]
 
 
 def _state(config) -> State | None:
@@ -124,6 +142,10 @@ class SpecErrorItem(pytest.Item):
         return self.path, self.error.line, f"spec error {self.error.file}:{self.error.line}"
 
 
+class UnexpectedFailure(AssertionError):
+    """A listed expected failure that failed in another way than its entry says."""
+
+
 class CaseItem(pytest.Item):
     def __init__(self, *, case, variant, dtype, **kwargs):
         super().__init__(**kwargs)
@@ -138,16 +160,32 @@ class CaseItem(pytest.Item):
             with time_limit(self.config.getoption("case_timeout")):
                 result = run_case(state.backend, self.case, self.variant, self.dtype, state.golden)
         except Unsupported as exc:
-            state.log.record(self, "unsupported", str(exc), time.perf_counter() - start)
+            self._record("unsupported", str(exc), start)
             pytest.skip(f"unsupported: {exc}")
         except (CheckFailure, CaseTimeout) as exc:
-            state.log.record(self, "fail", str(exc), time.perf_counter() - start)
+            self._record("fail", str(exc), start)
+            self._unless_expected(exc)
             raise
         except Exception as exc:
             message = f"the backend raised {type(exc).__name__}: {exc}"
-            state.log.record(self, "fail", message, time.perf_counter() - start)
+            self._record("fail", message, start)
+            self._unless_expected(exc)
             raise CheckFailure(message) from exc
-        state.log.record(self, "pass", "", time.perf_counter() - start, result.worst_ratio)
+        self._record("pass", "", start, result.worst_ratio)
+
+    def _unless_expected(self, exc):
+        """An expected failure whose entry names a message must fail with that message."""
+        entry = getattr(self, "expected_entry", None)
+        if entry is not None and entry.message and entry.message not in str(exc):
+            self.conformance_record["status"] = "fail"
+            raise UnexpectedFailure(f"{exc}\n(listed as expected, but not with the message "
+                                    f"{entry.message!r}: {entry.where})") from exc
+
+    def _record(self, status, message, start, ratio=0.0):
+        """Kept on the item; pytest_runtest_makereport puts it on the test report, so
+        that it reaches the results log in the main process, with or without xdist."""
+        self.conformance_record = record_for(self, status, message,
+                                             time.perf_counter() - start, ratio)
 
     def header(self) -> str:
         state = _state(self.config)
@@ -164,7 +202,7 @@ class CaseItem(pytest.Item):
 
     def repr_failure(self, excinfo):
         error = excinfo.value
-        if not isinstance(error, (CheckFailure, CaseTimeout)):
+        if not isinstance(error, (CheckFailure, CaseTimeout, UnexpectedFailure)):
             return self.header() + str(excinfo.getrepr(style="short"))
         detail = str(error)
         if error.__cause__ is not None:
@@ -182,20 +220,43 @@ def pytest_collection_modifyitems(session, config, items):
         return
     for item in items:
         if isinstance(item, CaseItem):
-            entry = state.expected.find(item.test_id)
+            entry = state.expected.find(item.test_id, item.case.op, item.dtype)
             if entry:
-                item.add_marker(pytest.mark.xfail(reason=entry.reason, strict=True,
-                                                  raises=CheckFailure))
+                item.add_marker(pytest.mark.xfail(reason=entry.reason, strict=entry.strict,
+                                                  raises=(CheckFailure, CaseTimeout)))
                 item.expected_reason = entry.reason
+                item.expected_entry = entry
     if config.getoption("profile") == "quick" and not config.getoption("dtype"):
         for entry in state.expected.unused():
             warnings.warn(f"expected failure {entry.match!r} ({entry.where}) matches no test",
                           pytest.PytestWarning)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    entry = getattr(item, "conformance_record", None)
+    if entry is not None and call.when == "call":
+        report.conformance = entry
+    return report
+
+
+class _Collector:
+    """Adds each test's record to the results log, in the process that writes reports
+    (under pytest-xdist the records arrive on the reports sent by the workers)."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def pytest_runtest_logreport(self, report):
+        entry = getattr(report, "conformance", None)
+        if entry is not None:
+            self.state.log.add(entry)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = _state(config)
-    if not state:
+    if not state or hasattr(config, "workerinput"):  # an xdist worker: the main process reports
         return
     from .report import summary_lines
 

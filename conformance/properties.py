@@ -31,8 +31,8 @@ def _first(ctx):
 def _close(actual, expected, tol, what):
     error = np.abs(actual - expected)
     if not np.all(np.isfinite(error)) or np.max(error, initial=0.0) > tol:
-        worst = np.unravel_index(int(np.nanargmax(np.where(np.isfinite(error), error, np.inf))),
-                                 error.shape) if error.size else ()
+        flat = int(np.nanargmax(np.where(np.isfinite(error), error, np.inf)))
+        worst = tuple(int(i) for i in np.unravel_index(flat, error.shape))
         raise CheckFailure(f"{what}: differs by {float(error[worst]):.3g} at {list(worst)}"
                            f" (got {float(actual[worst]):.6g}, expected"
                            f" {float(expected[worst]):.6g}), tolerance {tol:.3g}")
@@ -71,7 +71,7 @@ def masked_weights_zero(ctx: Context):
     wrong = (~keep) & live & (weights != 0)
     if np.any(wrong):
         where = tuple(int(i) for i in np.argwhere(wrong)[0])
-        raise CheckFailure(f"masked weight at {list(where)} is {weights[where]!r}, not 0")
+        raise CheckFailure(f"masked weight at {list(where)} is {float(weights[where])!r}, not 0")
 
 
 # --- metamorphic relations ------------------------------------------------------------
@@ -198,7 +198,7 @@ def finite(ctx: Context):
     for name, value in ctx.outputs.items():
         if not np.all(np.isfinite(value)):
             where = tuple(int(i) for i in np.argwhere(~np.isfinite(value))[0])
-            raise CheckFailure(f"{name} holds {value[where]!r} at {list(where)}")
+            raise CheckFailure(f"{name} holds {float(value[where])!r} at {list(where)}")
 
 
 @prop
@@ -212,4 +212,5 @@ def output_in_value_hull(ctx: Context):
     outside = (out < low - slack) | (out > high + slack)
     if np.any(outside):
         where = tuple(int(i) for i in np.argwhere(outside)[0])
-        raise CheckFailure(f"output {out[where]!r} at {list(where)} lies outside the values' range")
+        raise CheckFailure(f"output {float(out[where])!r} at {list(where)} lies outside the"
+                           " values' range")

@@ -51,7 +51,10 @@ class Context:
         """Call the backend again (metamorphic properties), returning float64 outputs."""
         op = op or self.case.op
         merged = dict(self.case.params if op == self.case.op else {}, **params)
-        raw = call_backend(self.backend, op, arrays or self.arrays, merged)
+        arrays = arrays or self.arrays
+        before = {n: a.copy() for n, a in arrays.items()}
+        raw = call_backend(self.backend, op, arrays, merged)
+        _unchanged(before, arrays)
         return [np.asarray(r, dtype=np.float64) for r in raw]
 
     def cast(self, array):
@@ -93,8 +96,19 @@ def _validate_output(name, value, shape, dtype) -> np.ndarray:
 
 def _unchanged(before: dict, after: dict) -> None:
     for name, original in before.items():
-        if not np.array_equal(original, after[name], equal_nan=True):
-            raise CheckFailure(f"the backend wrote into its input array {name!r}")
+        now = after[name]
+        if now.shape != original.shape or not np.array_equal(original, now, equal_nan=True):
+            raise CheckFailure(f"the backend wrote into its input array {name!r}"
+                               f"{_first_change(original, now)}; inputs must not be modified")
+
+
+def _first_change(original, now) -> str:
+    if now.shape != original.shape:
+        return f" (its shape changed from {original.shape} to {now.shape})"
+    same = (original == now) | (np.isnan(original) & np.isnan(now)) if original.dtype != bool \
+        else original == now
+    where = tuple(int(i) for i in np.argwhere(~same)[0])
+    return f" (first change at {list(where)}: {original[where]} became {now[where]})"
 
 
 def run_case(backend, case, variant, dtype, golden: GoldenStore) -> Result:

@@ -1,64 +1,24 @@
 """Loading the spec: YAML case files, validated against spec/schema.json.
 
 Every file is read with a safe loader (no YAML tag can construct a Python object) that
-also refuses duplicate mapping keys and remembers the line of every mapping. Every
-problem becomes a :class:`SpecError` naming file, line and case id; a bad case is set
-aside and the others still load.
+also finds duplicate mapping keys and remembers the line of every key (spec_yaml.py).
+Every problem becomes a :class:`SpecError` naming file, line and case id; a bad case is
+set aside, the others still load, and a bad file does not stop the files after it.
+The schema and the tolerances are read from the spec folder being loaded (the parent
+of its cases folder), falling back to the project's own.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
-from jsonschema import Draft202012Validator
+from .paths import SPEC_DIR, TOLERANCES_FILE
+from .spec_schema import schema_errors, schema_validator
+from .spec_yaml import LineDict, SpecError, parse_yaml
 
-from .paths import SPEC_DIR
-
-_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class SpecError(Exception):
-    """A problem in a spec file, located by file, line and case id."""
-
-    def __init__(self, file, line, case_id, message):
-        self.file, self.line, self.case_id, self.message = str(file), line, case_id, message
-        super().__init__(str(self))
-
-    def __str__(self):
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        case = f" case {self.case_id!r}:" if self.case_id else ""
-        return f"{where}:{case} {self.message}"
-
-
-class LineDict(dict):
-    """A mapping that remembers the line (1-based) where it starts."""
-
-    line = 0
-
-
-class _Loader(_BaseLoader):
-    pass
-
-
-def _construct_mapping(loader, node):
-    loader.flatten_mapping(node)
-    result = LineDict()
-    result.line = node.start_mark.line + 1
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in result:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        result[key] = loader.construct_object(value_node, deep=True)
-    return result
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+__all__ = ["Case", "LineDict", "Spec", "SpecError", "Variant", "load_file", "load_spec",
+           "parse_yaml", "schema_validator"]
 
 
 @dataclass(frozen=True)
@@ -90,60 +50,6 @@ class Case:
         return f"{self.file}:{self.line}"
 
 
-@functools.cache
-def schema_validator() -> Draft202012Validator:
-    schema = json.loads((SPEC_DIR / "schema.json").read_text())
-    return Draft202012Validator(schema)
-
-
-def parse_yaml(text: str, file) -> Any:
-    """Parse YAML text safely; malformed YAML or a duplicate key raises SpecError."""
-    try:
-        return yaml.load(text, Loader=_Loader)  # _Loader derives from (C)SafeLoader
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 0
-        return_msg = f"{exc.problem or exc}" + (f" ({exc.context})" if exc.context else "")
-        raise SpecError(file, line, None, f"invalid YAML: {return_msg}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(file, 0, None, f"invalid YAML: {exc}") from None
-
-
-def _line_of(document, path) -> int:
-    """Line of the innermost mapping on a JSON path through the document."""
-    line, node = getattr(document, "line", 0), document
-    for key in path:
-        try:
-            node = node[key]
-        except (KeyError, IndexError, TypeError):
-            break
-        line = getattr(node, "line", line)
-    return line
-
-
-def _schema_errors(document, file) -> list[SpecError]:
-    errors = []
-    for error in sorted(schema_validator().iter_errors(document), key=lambda e: list(e.path)):
-        path = list(error.absolute_path)
-        case_id = None
-        if len(path) >= 2 and path[0] == "cases" and isinstance(path[1], int):
-            case = document["cases"][path[1]]
-            case_id = case.get("id") if isinstance(case, dict) else None
-        location = "/".join(str(p) for p in path) or "(top)"
-        errors.append(SpecError(file, _line_of(document, path), case_id,
-                                f"schema: at {location}: {_short(error)}"))
-    return errors
-
-
-def _short(error) -> str:
-    if error.validator == "additionalProperties":
-        return error.message.replace("Additional properties are not allowed", "unknown key")
-    if error.validator == "oneOf" and error.context:
-        best = min(error.context, key=lambda e: len(list(e.path)))
-        return f"{error.message[:80]}... ({best.message[:120]})"
-    return error.message[:200]
-
-
 def _variants(raw) -> tuple[Variant, ...]:
     dims = raw.get("dims")
     if not dims:
@@ -160,31 +66,63 @@ def _plain(value):
     return value
 
 
-def load_file(path: Path, relative_to: Path | None = None) -> tuple[list[Case], list[SpecError]]:
-    """The valid cases of one file, and every problem found in it."""
-    name = str(path.relative_to(relative_to)) if relative_to else str(path)
+def _file_name(path: Path, relative_to: Path | None) -> str:
     try:
-        document = parse_yaml(path.read_text(encoding="utf-8"), name)
+        return str(path.relative_to(relative_to)) if relative_to else str(path)
+    except ValueError:
+        return str(path)
+
+
+def _case_of_line(raw_cases, line) -> int | None:
+    """Index of the case whose text holds `line` (None: above the first case)."""
+    index = None
+    for i, raw in enumerate(raw_cases):
+        if getattr(raw, "line", line + 1) <= line:
+            index = i
+    return index
+
+
+def _duplicate_errors(duplicates, raw_cases, name) -> list[tuple[int | None, SpecError]]:
+    found = []
+    for key, line, first in duplicates:
+        index = _case_of_line(raw_cases, line)
+        case_id = raw_cases[index].get("id") if index is not None else None
+        found.append((index, SpecError(name, line, case_id,
+                                       f"duplicate key {key!r} (first at line {first})")))
+    return found
+
+
+def _case(raw, topic, name) -> Case:
+    return Case(
+        id=raw["id"], topic=topic, description=raw["description"],
+        source=raw["source"], op=raw["op"], inputs=_plain(raw["inputs"]),
+        params=_plain(raw.get("params", {})), dtypes=tuple(raw["dtypes"]),
+        expect=_plain(raw["expect"]), variants=_variants(raw),
+        profile=raw.get("profile", "quick"), file=name, line=raw.line, raw=raw)
+
+
+def load_file(path: Path, relative_to: Path | None = None,
+              schema: Path | None = None) -> tuple[list[Case], list[SpecError]]:
+    """The valid cases of one file, and every problem found in it."""
+    name = _file_name(path, relative_to)
+    duplicates = []
+    try:
+        document = parse_yaml(path.read_text(encoding="utf-8"), name, duplicates)
     except SpecError as exc:
         return [], [exc]
     except (OSError, UnicodeDecodeError) as exc:
         return [], [SpecError(name, 0, None, f"cannot read: {exc}")]
     if not isinstance(document, dict):
         return [], [SpecError(name, 1, None, "a case file is a mapping with 'topic' and 'cases'")]
-    errors = _schema_errors(document, name)
-    bad = {e.case_id for e in errors}
-    if any(e.case_id is None for e in errors):
-        return [], errors
-    cases = []
-    for raw in document["cases"]:
-        if raw["id"] in bad:
-            continue
-        cases.append(Case(
-            id=raw["id"], topic=document["topic"], description=raw["description"],
-            source=raw["source"], op=raw["op"], inputs=_plain(raw["inputs"]),
-            params=_plain(raw.get("params", {})), dtypes=tuple(raw["dtypes"]),
-            expect=_plain(raw["expect"]), variants=_variants(raw),
-            profile=raw.get("profile", "quick"), file=name, line=raw.line, raw=raw))
+    raw_cases = document.get("cases") if isinstance(document.get("cases"), list) else []
+    found = schema_errors(document, name, schema_validator(schema or SPEC_DIR / "schema.json"))
+    found += _duplicate_errors(duplicates, raw_cases, name)
+    errors = [error for _, error in sorted(found, key=lambda pair: pair[1].line)]
+    if any(index is None for index, _ in found):
+        return [], errors          # a problem outside every case: no case of the file loads
+    bad = {index for index, _ in found}
+    cases = [_case(raw, document["topic"], name)
+             for index, raw in enumerate(raw_cases) if index not in bad]
     return cases, errors
 
 
@@ -197,25 +135,57 @@ class Spec:
         return {c.id: c for c in self.cases}
 
 
+def _beside(folder: Path, name: str, default: Path) -> Path:
+    return folder / name if (folder / name).is_file() else default
+
+
+def _tolerance_dtypes(path: Path) -> tuple[set | None, list[SpecError]]:
+    """The dtypes that have a tolerance in `path` (None if the file cannot be read)."""
+    from .tolerances import load_tolerances
+
+    try:
+        return set(load_tolerances(path).unit_roundoff), []
+    except Exception as exc:   # any unreadable tolerances file is one clear problem
+        return None, [SpecError(path, 0, None, f"cannot read tolerances: "
+                                                f"{type(exc).__name__}: {exc}")]
+
+
+def _admit(spec: Spec, case: Case, seen: dict, check_case) -> None:
+    """Add a case to the spec, or its problems: a repeated id, or what check_case finds."""
+    if case.id in seen:
+        spec.errors.append(SpecError(case.file, case.line, case.id,
+                                     f"duplicate case id (first at {seen[case.id]})"))
+        return
+    seen[case.id] = case.where()
+    problems = check_case(case)
+    spec.errors += problems
+    if not problems:
+        spec.cases.append(case)
+
+
 def load_spec(cases_dir: Path | None = None, *, check=True) -> Spec:
-    """Every case under spec/cases, with every problem found (nothing is raised)."""
+    """Every case under a cases folder, with every problem found (nothing is raised)."""
     from .checks_static import static_errors
 
     cases_dir = Path(cases_dir or SPEC_DIR / "cases")
+    if not cases_dir.is_dir():
+        return Spec([], [SpecError(cases_dir, 0, None, "no such folder of case files")])
     root = cases_dir.parent.parent if cases_dir.parent.name == "spec" else cases_dir.parent
-    all_cases, errors, seen = [], [], {}
+    schema = _beside(cases_dir.parent, "schema.json", SPEC_DIR / "schema.json")
+    tolerances = _beside(cases_dir.parent, "tolerances.yaml", TOLERANCES_FILE)
+    known_dtypes, errors = _tolerance_dtypes(tolerances)
+    errors += [SpecError(_file_name(p, root), 0, None, "case files end in .yaml")
+               for p in sorted(cases_dir.glob("*.yml"))]
+    tolerance_name = _file_name(tolerances, root)
+    check_case = (lambda case: static_errors(case, known_dtypes, tolerance_name)) if check \
+        else (lambda case: [])
+    spec, seen = Spec([], errors), {}
     for path in sorted(cases_dir.glob("*.yaml")):
-        cases, file_errors = load_file(path, root)
-        errors += file_errors
+        try:
+            cases, file_errors = load_file(path, root, schema)
+        except (OSError, ValueError) as exc:       # the schema itself is unreadable
+            return Spec([], errors + [SpecError(schema, 0, None, f"cannot read schema: {exc}")])
+        spec.errors += file_errors
         for case in cases:
-            if case.id in seen:
-                errors.append(SpecError(case.file, case.line, case.id,
-                                        f"duplicate case id (first at {seen[case.id]})"))
-                continue
-            problems = static_errors(case) if check else []
-            if problems:
-                errors += problems
-                continue
-            seen[case.id] = case.where()
-            all_cases.append(case)
-    return Spec(all_cases, errors)
+            _admit(spec, case, seen, check_case)
+    return spec

@@ -1,0 +1,457 @@
+"""JAX backend: certifies ``jax.nn.dot_product_attention`` against the specification.
+
+The adapter is thin: NumPy in, the framework's own public op, NumPy out. Paths per op:
+
+- ``sdpa``: native ``jax.nn.dot_product_attention(implementation="xla")`` with
+  ``mask=``, ``bias=``, ``scale=``, ``is_causal=`` (top-left; also bottom-right when
+  Lq == Lk) and ``local_window_size=`` (when the window's offset is 0). Bottom-right
+  causal with Lq != Lk and its windows go in as an explicit boolean ``mask=``.
+  Grouped-query is native (N_q a multiple of N_kv). The native op wants value and
+  key of one head width, so Dv != Dk is zero-padded to a common width (exact: the
+  padding adds 0·0 terms to q·k and zero columns to the output, which are dropped).
+  With ``softcap`` (no native parameter) it is composed from jax.numpy.
+- ``sdpa_vjp``: ``jax.vjp`` of exactly the ``sdpa`` path.
+- ``attention_weights``: composed (JAX exposes no probability matrix), masking the
+  way the native op does (a large negative fill, not -inf), so that its policies are
+  the native op's.
+- ``softmax``: native ``jax.nn.softmax``.
+- ``scores``: composed from jax.numpy (JAX has no score-function API).
+- ``self_attention``: ``x @ w`` projections, then the ``sdpa`` path.
+- ``multi_head_attention``: JAX itself has no MHA layer (it lives in flax), so
+  projections, head split and ``w_o`` are composed around the native
+  ``dot_product_attention`` (which takes (B, T, N, H) heads directly and does GQA).
+
+Layout: the interface is ``(*batch, heads, L, D)``; the native op is ``(B, T, N, H)``
+(tokens before heads). Leading dims are broadcast and flattened into B, dim -3 is N.
+
+Constructing the backend turns on ``jax_enable_x64`` (a process-wide JAX setting),
+without which JAX silently computes float64 inputs in float32.
+
+Composed ops compute float16/bfloat16 in float32 (as the native op does for its
+logits) and round once to the input dtype. Jitted functions are module-level with
+static parameters, so repeated calls with the same shapes and dtypes do not retrace;
+float16 native paths run eagerly on CPU (see ``_EAGER_DTYPES``).
+
+Known differences of the native op from the specification (jax 0.10.2, CPU):
+- its softmax always runs in float32, so float64 sdpa/sdpa_vjp/self_attention/MHA
+  are only float32-accurate (relative error ~1e-7);
+- it masks with a finite -0.7*max, not -inf: when a row's allowed keys all carry a
+  -inf bias, the masked-out keys get the weight (1/number masked), not 0;
+- under jax.jit it fails for float16 on CPU (see ``_EAGER_DTYPES``);
+- it rejects Dv != Dk (worked around here by exact zero-padding).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+CAUSAL = (None, "top_left", "bottom_right")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _compute_dtype(dtype):
+    """float32 for half types, else the dtype itself (the native op's logits dtype)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _fill(dtype):
+    """The native op's stand-in for -inf at disallowed positions (-0.7 * max, capped
+    at float32's range); mirrored here so composed ops share its policies."""
+    big = min(float(jnp.finfo(dtype).max), float(jnp.finfo(jnp.float32).max))
+    return jnp.asarray(-0.7 * big, dtype=dtype)
+
+
+def _open(side):
+    return side is None or side < 0
+
+
+def _structural_mask(lq, lk, causal, window):
+    """Boolean (lq, lk): keys that causal and window allow, or None if neither is set."""
+    if causal is None and window is None:
+        return None
+    offset = lk - lq if causal == "bottom_right" else 0
+    i = np.arange(lq)[:, None] + offset
+    j = np.arange(lk)[None, :]
+    allowed = np.ones((lq, lk), dtype=bool)
+    if causal is not None:
+        allowed &= j <= i
+    if window is not None:
+        left, right = window
+        if not _open(left):
+            allowed &= j >= i - left
+        if not _open(right):
+            allowed &= j <= i + right
+    return allowed
+
+
+def _native_flags(lq, lk, causal, window):
+    """(is_causal, local_window_size, extra_mask) for the native op.
+
+    The native flags align top-left (query i at position i): ``is_causal`` allows
+    j <= i and ``local_window_size=(l, r)`` allows i - l <= j <= i + r, which is our
+    definition when the offset is 0. Otherwise an explicit mask says the same.
+    """
+    offset = lk - lq if causal == "bottom_right" else 0
+    if offset != 0:
+        return False, None, _structural_mask(lq, lk, causal, window)
+    size = None
+    if window is not None:
+        size = tuple(lq + lk if _open(w) else int(w) for w in window)
+    return causal is not None, size, None
+
+
+def _lift(x, rank):
+    return None if x is None else x.reshape((1,) * (rank - x.ndim) + x.shape)
+
+
+def _pad_last(x, width):
+    extra = width - x.shape[-1]
+    if extra == 0:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
+
+
+class _Layout:
+    """Moves (*batch, heads, L, D) inputs to the native (B, T, N, H) layout and back."""
+
+    def __init__(self, q, k, v, mask, bias):
+        extras = [x for x in (mask, bias) if x is not None]
+        self.rank_out = max(2, q.ndim, k.ndim, v.ndim, *(x.ndim for x in extras))
+        rank = max(3, self.rank_out)
+        q, k, v, mask, bias = (_lift(x, rank) for x in (q, k, v, mask, bias))
+        extras = [x for x in (mask, bias) if x is not None]
+        hq = np.broadcast_shapes(*((x.shape[-3],) for x in (q, *extras)))[0]
+        hkv = np.broadcast_shapes((k.shape[-3],), (v.shape[-3],))[0]
+        if hq == 1:
+            hq = hkv
+        if hq % hkv:
+            raise ValueError(f"{hq} query heads cannot share {hkv} key/value heads")
+        self.batch = np.broadcast_shapes(*(x.shape[:-3] for x in (q, k, v, *extras)))
+        self.b = math.prod(self.batch)
+        self.hq, self.lq, self.lk = hq, q.shape[-2], k.shape[-2]
+        self.q = self._tokens_first(q, hq)
+        self.k = self._tokens_first(k, hkv)
+        self.v = self._tokens_first(v, hkv)
+        self.mask, self.bias = self._scores_shape(mask), self._scores_shape(bias)
+
+    def _tokens_first(self, x, heads):
+        x = jnp.broadcast_to(x, self.batch + (heads,) + x.shape[-2:])
+        return x.reshape((self.b, heads) + x.shape[-2:]).transpose(0, 2, 1, 3)
+
+    def _scores_shape(self, x):
+        """(B, 1 or N, T, S), as the native op takes mask and bias."""
+        if x is None:
+            return None
+        heads = 1 if x.shape[-3] == 1 else self.hq
+        return jnp.broadcast_to(x, self.batch + (heads, self.lq, self.lk)).reshape(
+            (self.b, heads, self.lq, self.lk))
+
+    def restore(self, x):
+        """(B, N, T, X) -> (*batch, N, T, X) at the rank the inputs broadcast to."""
+        full = self.batch + x.shape[1:]
+        return x.reshape(full[len(full) - self.rank_out:])
+
+
+# --------------------------------------------------------------- cores (B, T, N, H)
+
+
+def _native_core(q, k, v, mask, bias, *, causal, scale, window):
+    """(B, T, N, Dv) from the native op; mask/bias are (B, 1 or N, T, S) or None."""
+    is_causal, size, extra = _native_flags(q.shape[1], k.shape[1], causal, window)
+    if extra is not None:
+        extra = jnp.asarray(extra)[None, None]
+        mask = extra if mask is None else jnp.logical_and(mask, extra)
+    dv = v.shape[-1]
+    width = max(q.shape[-1], dv)  # the native op rejects Dv != Dk: pad both to one
+    q, k, v = (_pad_last(x, width) for x in (q, k, v))
+    out = jax.nn.dot_product_attention(
+        q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
+        local_window_size=size, implementation="xla")
+    return out[..., :dv]
+
+
+def _composed_weights(q, k, mask, bias, *, causal, scale, softcap, window):
+    """P (B, N, T, S) by the spec pipeline, in the compute dtype."""
+    ct = _compute_dtype(q.dtype)
+    k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)  # head h reads kv h // G
+    s = jnp.einsum("btnh,bsnh->bnts", q.astype(ct), k.astype(ct)) * scale
+    if softcap is not None:
+        s = softcap * jnp.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias.astype(ct)
+    allowed = _structural_mask(q.shape[1], k.shape[1], causal, window)
+    if mask is not None:
+        allowed = mask if allowed is None else jnp.logical_and(mask, allowed)
+    if allowed is not None:
+        s = jnp.where(allowed, s, _fill(ct))
+    return jax.nn.softmax(s, axis=-1)
+
+
+def _composed_core(q, k, v, mask, bias, **params):
+    p = _composed_weights(q, k, mask, bias, **params)
+    v = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2).astype(p.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", p, v).astype(q.dtype)
+
+
+def _sdpa_fn(q, k, v, mask, bias, *, causal, scale, softcap, window):
+    lay = _Layout(q, k, v, mask, bias)
+    args = (lay.q, lay.k, lay.v, lay.mask, lay.bias)
+    if softcap is None:
+        out = _native_core(*args, causal=causal, scale=scale, window=window)
+    else:
+        out = _composed_core(*args, causal=causal, scale=scale, softcap=softcap,
+                             window=window)
+    return lay.restore(out.transpose(0, 2, 1, 3))
+
+
+# ----------------------------------------------------------------- jitted entries
+
+# Under jax.jit, the native op fails for float16 on CPU: it asks dot_general for
+# precision F16_F16_F32, which the CPU backend rejects, and its try/except fallback
+# to the default precision only catches that error when ops run eagerly. So the
+# native paths run float16 eagerly on CPU (correct, but ~25 ms a call, not ~0.1 ms).
+_EAGER_DTYPES = frozenset({"float16"})
+
+
+def _jit(*static):
+    """jax.jit with static parameters; ``eager=True`` calls the plain function."""
+    def wrap(fn):
+        jitted = jax.jit(fn, static_argnames=static)
+
+        def call(*args, eager=False, **kwargs):
+            return (fn if eager else jitted)(*args, **kwargs)
+        return call
+    return wrap
+
+
+def _eager(x):
+    return x.dtype.name in _EAGER_DTYPES and jax.default_backend() == "cpu"
+
+
+_STATIC = ("causal", "scale", "softcap", "window")
+
+_sdpa = _jit(*_STATIC)(_sdpa_fn)
+
+
+@_jit(*_STATIC)
+def _sdpa_vjp(q, k, v, d_out, mask, bias, *, causal, scale, softcap, window):
+    params = dict(causal=causal, scale=scale, softcap=softcap, window=window)
+    out, pullback = jax.vjp(lambda q, k, v: _sdpa_fn(q, k, v, mask, bias, **params),
+                            q, k, v)
+    return pullback(d_out.astype(out.dtype))
+
+
+@partial(jax.jit, static_argnames=_STATIC)
+def _weights(q, k, mask, bias, *, causal, scale, softcap, window):
+    lay = _Layout(q, k, k[..., :1], mask, bias)
+    p = _composed_weights(lay.q, lay.k, lay.mask, lay.bias, causal=causal, scale=scale,
+                          softcap=softcap, window=window)
+    return lay.restore(p.astype(q.dtype))
+
+
+@partial(jax.jit, static_argnames=("axis",))
+def _softmax(x, *, axis):
+    return jax.nn.softmax(x, axis=axis)
+
+
+@partial(jax.jit, static_argnames=("kind", "scale"))
+def _scores(q, k, w, u, v, *, kind, scale):
+    dtype, ct = q.dtype, _compute_dtype(q.dtype)
+    q, k = q.astype(ct), k.astype(ct)
+    kt = jnp.swapaxes(k, -1, -2)
+    if kind == "dot":
+        s = q @ kt
+    elif kind == "scaled_dot":
+        s = (q @ kt) * scale
+    elif kind == "bilinear":
+        s = (q @ w.astype(ct)) @ kt
+    else:  # additive: s[i, j] = v . tanh(k_j W + q_i U)
+        hidden = (k @ w.astype(ct))[..., None, :, :] + (q @ u.astype(ct))[..., :, None, :]
+        s = jnp.tanh(hidden) @ v.astype(ct)
+    return s.astype(dtype)
+
+
+@_jit("causal")
+def _self_attention(x, w_q, w_k, w_v, mask, *, causal):
+    scale = 1.0 / math.sqrt(w_k.shape[1])
+    return _sdpa_fn(x @ w_q, x @ w_k, x @ w_v, mask, None, causal=causal, scale=scale,
+                    softcap=None, window=None)
+
+
+@_jit("num_heads", "num_kv_heads", "causal")
+def _mha(query, key, value, w_q, w_k, w_v, w_o, mask, *, num_heads, num_kv_heads,
+         causal):
+    mask_batch = () if mask is None else mask.shape[:-3]
+    batch = np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2],
+                                mask_batch)
+    b = math.prod(batch)
+
+    def heads(x, w, n):  # (*batch, L, E) @ (E, n*d) -> (B, L, n, d): the native layout
+        y = jnp.broadcast_to(x @ w, batch + (x.shape[-2], w.shape[1]))
+        return y.reshape((b, x.shape[-2], n, w.shape[1] // n))
+
+    q = heads(query, w_q, num_heads)
+    k = heads(key, w_k, num_kv_heads)
+    v = heads(value, w_v, num_kv_heads)
+    lq, lk = q.shape[1], k.shape[1]
+    if mask is not None:
+        mask = _lift(mask, len(batch) + 3)
+        h = 1 if mask.shape[-3] == 1 else num_heads
+        mask = jnp.broadcast_to(mask, batch + (h, lq, lk)).reshape((b, h, lq, lk))
+    out = _native_core(q, k, v, mask, None, causal=causal, window=None,
+                       scale=1.0 / math.sqrt(q.shape[-1]))
+    return out.reshape(batch + (lq, -1)) @ w_o
+
+
+# -------------------------------------------------------------------- validation
+
+
+def _arrays(*xs):
+    """NumPy views of the inputs (never copies, never modified); None passes."""
+    return tuple(None if x is None else np.asarray(x) for x in xs)
+
+
+def _check_dtype(x):
+    if x.dtype.name not in DTYPES:
+        raise NotImplementedError(f"jax backend: dtype {x.dtype} is not supported")
+
+
+def _check_causal(causal):
+    if causal not in CAUSAL:
+        raise ValueError(f"causal must be one of {CAUSAL}, got {causal!r}")
+
+
+def _window(window):
+    if window is None:
+        return None
+    left, right = window
+    return tuple(None if w is None else int(w) for w in (left, right))
+
+
+def _mask(mask):
+    return None if mask is None else np.asarray(mask, dtype=bool)
+
+
+def _result(x):
+    """A fresh NumPy array (never a JAX array, never a view of a buffer)."""
+    return np.array(x, copy=True)
+
+
+def _sdpa_params(q, causal, scale, softcap, window):
+    _check_dtype(q)
+    _check_causal(causal)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    softcap = None if softcap is None else float(softcap)
+    return dict(causal=causal, scale=scale, softcap=softcap, window=_window(window))
+
+
+# ----------------------------------------------------------------------- backend
+
+
+class JaxBackend:
+    """The attention interface on JAX (see the module docstring for each op's path)."""
+
+    name = "jax"
+    dtypes = DTYPES
+    # Determined empirically on jax 0.10.2 (XLA implementation): the native op masks
+    # with a large finite negative, so a fully masked row gets equal logits (uniform
+    # weights, the mean of V) and a NaN key at a masked position is overwritten; an
+    # all -inf bias row is softmax(-inf, ..., -inf) = NaN; a masked NaN value still
+    # meets a weight of 0 in P @ V, and 0 * NaN = NaN.
+    policy = {
+        "fully_masked_rows": "uniform",
+        "neg_inf_bias_rows": "nan",
+        "masked_key_nan": "ignored",
+        "masked_value_nan": "propagates",
+    }
+    paths = {
+        "softmax": "native: jax.nn.softmax",
+        "scores": "composed: jax.numpy matmul/tanh (no score-function API in JAX)",
+        "attention_weights": "composed: jax.numpy pipeline with the native op's "
+                             "masking (JAX exposes no attention weights)",
+        "sdpa": "native: jax.nn.dot_product_attention(implementation='xla'); "
+                "composed from jax.numpy only with softcap (no such parameter)",
+        "self_attention": "native: x @ w projections, then "
+                          "jax.nn.dot_product_attention",
+        "multi_head_attention": "native: composed projections/heads/w_o around "
+                                "jax.nn.dot_product_attention (MHA layers live in "
+                                "flax, not jax)",
+        "sdpa_vjp": "native: jax.vjp of the sdpa path",
+    }
+
+    def __init__(self):
+        # Without x64, JAX silently demotes float64 inputs to float32.
+        jax.config.update("jax_enable_x64", True)
+        import jaxlib
+        self.versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+
+    def softmax(self, x, axis=-1):
+        (x,) = _arrays(x)
+        _check_dtype(x)
+        return _result(_softmax(x, axis=int(axis)))
+
+    def scores(self, q, k, *, kind, scale=None, w=None, u=None, v=None):
+        q, k, w, u, v = _arrays(q, k, w, u, v)
+        _check_dtype(q)
+        needed = {"dot": (), "scaled_dot": (), "bilinear": ("w",),
+                  "additive": ("w", "u", "v")}
+        if kind not in needed:
+            raise ValueError(f"unknown score kind {kind!r}")
+        given = {"w": w, "u": u, "v": v}
+        missing = [n for n in needed[kind] if given[n] is None]
+        if missing:
+            raise ValueError(f"score kind {kind!r} needs {', '.join(missing)}")
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        return _result(_scores(q, k, w, u, v, kind=kind, scale=scale))
+
+    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
+                          softcap=None, window=None):
+        q, k, bias = _arrays(q, k, bias)
+        params = _sdpa_params(q, causal, scale, softcap, window)
+        return _result(_weights(q, k, _mask(mask), bias, **params))
+
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+             softcap=None, window=None):
+        q, k, v, bias = _arrays(q, k, v, bias)
+        params = _sdpa_params(q, causal, scale, softcap, window)
+        return _result(_sdpa(q, k, v, _mask(mask), bias, eager=_eager(q), **params))
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+                 softcap=None, window=None):
+        q, k, v, d_out, bias = _arrays(q, k, v, d_out, bias)
+        params = _sdpa_params(q, causal, scale, softcap, window)
+        grads = _sdpa_vjp(q, k, v, d_out, _mask(mask), bias, eager=_eager(q), **params)
+        return tuple(_result(g) for g in grads)
+
+    def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
+        x, w_q, w_k, w_v = _arrays(x, w_q, w_k, w_v)
+        _check_dtype(x)
+        _check_causal(causal)
+        return _result(_self_attention(x, w_q, w_k, w_v, _mask(mask), causal=causal,
+                                       eager=_eager(x)))
+
+    def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
+                             num_kv_heads=None, mask=None, causal=None):
+        query, key, value, w_q, w_k, w_v, w_o = _arrays(
+            query, key, value, w_q, w_k, w_v, w_o)
+        _check_dtype(query)
+        _check_causal(causal)
+        num_heads = int(num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} heads cannot share {num_kv_heads} kv heads")
+        for w, n, what in ((w_q, num_heads, "w_q"), (w_k, num_kv_heads, "w_k"),
+                           (w_v, num_kv_heads, "w_v")):
+            if w.shape[1] % n:
+                raise ValueError(f"{what} width {w.shape[1]} is not a multiple of {n}")
+        return _result(_mha(query, key, value, w_q, w_k, w_v, w_o, _mask(mask),
+                            num_heads=num_heads, num_kv_heads=num_kv_heads,
+                            causal=causal, eager=_eager(query)))

@@ -1,0 +1,531 @@
+"""TensorFlow 2 / Keras 3 backend (Keras on its TensorFlow backend).
+
+The adapter is thin: NumPy in, the framework's own public op, NumPy out.  Each op's
+path (also declared in ``TensorflowBackend.paths``):
+
+- ``softmax``: native ``keras.ops.softmax``.
+- ``scores``: composed from ``keras.ops`` (matmul, tanh); Keras has no public op
+  that returns raw attention scores.
+- ``attention_weights``: native ``keras.ops.dot_product_attention`` with
+  ``V = identity(Lk)`` (so ``P·I = P``); composed ``keras.ops.softmax`` pipeline when
+  ``softcap`` is given.
+- ``sdpa``: native ``keras.ops.dot_product_attention`` (its own grouped-query
+  support; ``is_causal`` for top-left causal); bottom-right causal (Lq != Lk) and
+  ``window`` become an explicit boolean mask; ``softcap`` (supported by Keras only on
+  JAX/TPU) and multi-query (one kv head, which the TF backend's einsum rejects) are
+  handled by composing / broadcasting.
+- ``self_attention``: composed projections (``keras.ops.matmul``), then the native
+  ``sdpa`` path.
+- ``multi_head_attention``: native ``keras.layers.MultiHeadAttention`` (or
+  ``keras.layers.GroupQueryAttention`` when ``num_kv_heads < num_heads``); composed
+  projections + native ``keras.ops.dot_product_attention`` where the layers cannot
+  express the case (per-head mask, grouped-query with ``Dhv != Dh`` or ``Eo != Eq``).
+- ``sdpa_vjp``: ``tf.GradientTape`` over the native ``sdpa`` path.
+
+Every configuration (op, static parameters, shapes, dtypes) runs eagerly until it
+has spent about as long as one trace costs (~0.15 s); from then on it runs a
+``tf.function`` cached for that configuration.  Tracing is thus only paid for by
+configurations that repeat, and never costs more than about twice the best choice.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+if keras.backend.backend() != "tensorflow":
+    raise ImportError(
+        "backends.tensorflow needs Keras on its TensorFlow backend, but "
+        f"keras.backend.backend() is {keras.backend.backend()!r}; "
+        "set KERAS_BACKEND=tensorflow before Keras is imported"
+    )
+
+_DTYPES = ("float64", "float32", "float16", "bfloat16")
+# The value keras.ops.dot_product_attention (TF backend) writes into masked logits;
+# the composed softcap path uses the same, so it follows the same declared policy.
+_LARGE_NEGATIVE = -0.7 * 3.38953e38
+_TRACE_BUDGET_S = 0.15  # eager seconds one configuration spends before it is traced
+_MAX_CACHED = 512
+
+
+# ---------------------------------------------------------------- array handling
+
+
+def _dtype_name(*arrays) -> str:
+    name = np.asarray(arrays[0]).dtype.name
+    if name not in _DTYPES:
+        raise NotImplementedError(f"tensorflow backend: dtype {name} is not supported")
+    return name
+
+
+def _tensor(x, dtype=None):
+    """NumPy -> tf tensor (None stays None); bfloat16 arrays convert directly."""
+    if x is None:
+        return None
+    return tf.convert_to_tensor(np.asarray(x), dtype=dtype)
+
+
+def _numpy(t, dtype: str) -> np.ndarray:
+    """tf tensor -> a fresh NumPy array of the requested dtype."""
+    out = np.array(t.numpy(), copy=True)
+    if out.dtype.name != dtype:
+        raise AssertionError(f"tensorflow backend produced {out.dtype}, expected {dtype}")
+    return out
+
+
+def _sig(*arrays):
+    """Shapes and dtypes of the arguments: part of every cache key."""
+    return tuple(None if a is None else (tuple(np.shape(a)), np.asarray(a).dtype.name)
+                 for a in arrays)
+
+
+class _Runner:
+    """Run a computation eagerly, or through a tf.function once its key has spent
+    about one trace's worth of eager time (a ski-rental rule)."""
+
+    def __init__(self):
+        self._spent: dict = {}
+        self._functions: dict = {}
+
+    def __call__(self, key, fn, *args):
+        compiled = self._functions.get(key)
+        if compiled is not None:
+            return compiled(*args)
+        start = time.perf_counter()
+        out = fn(*args)
+        spent = self._spent.get(key, 0.0) + time.perf_counter() - start
+        if spent < _TRACE_BUDGET_S:
+            if len(self._spent) >= 64 * _MAX_CACHED:
+                self._spent.clear()
+            self._spent[key] = spent
+        else:
+            self._spent.pop(key, None)
+            if len(self._functions) >= _MAX_CACHED:
+                self._functions.clear()
+            # a partial has no __code__, so TF counts retracing per function object
+            # rather than per closure code (no spurious "retracing" warnings)
+            self._functions[key] = tf.function(functools.partial(fn))
+        return out
+
+
+# ---------------------------------------------------------------- masks and shapes
+
+
+def _structural_mask(lq: int, lk: int, causal, window):
+    """Boolean (Lq, Lk) mask for causal/window constraints that need one, or None.
+
+    Returns (mask, native_causal): top-left causal (and bottom-right with Lq == Lk,
+    which is the same thing) is left to Keras' own ``is_causal``.
+    """
+    if causal not in (None, "top_left", "bottom_right"):
+        raise ValueError(f"causal must be None, 'top_left' or 'bottom_right', not {causal!r}")
+    native_causal = causal == "top_left" or (causal == "bottom_right" and lq == lk)
+    offset = lk - lq if causal == "bottom_right" else 0
+    i = np.arange(lq)[:, None] + offset
+    j = np.arange(lk)[None, :]
+    mask = None
+    if causal is not None and not native_causal:
+        mask = j <= i
+    if window is not None:
+        left, right = window
+        allowed = np.ones((lq, lk), dtype=bool)
+        if left is not None and left >= 0:
+            allowed &= j >= i - left
+        if right is not None and right >= 0:
+            allowed &= j <= i + right
+        mask = allowed if mask is None else mask & allowed
+    return mask, native_causal
+
+
+def _combine_masks(mask, structural):
+    if mask is None:
+        return structural
+    mask = np.asarray(mask, dtype=bool)
+    return mask if structural is None else np.logical_and(mask, structural)
+
+
+def _to_4d(arr, batch: tuple, heads: int, lq: int, lk: int):
+    """(*b, h, Lq, Lk)-broadcastable array -> (B or 1, heads or 1, Lq, Lk)."""
+    if arr is None:
+        return None
+    arr = np.asarray(arr)
+    rank = len(batch) + 3
+    arr = arr.reshape((1,) * (rank - arr.ndim) + arr.shape)
+    b = batch if any(d != 1 for d in arr.shape[:-3]) else (1,) * len(batch)
+    h = heads if arr.shape[-3] != 1 else 1
+    arr = np.broadcast_to(arr, b + (h, lq, lk))
+    return np.ascontiguousarray(arr).reshape(math.prod(b), h, lq, lk)
+
+
+class _Plan:
+    """Shapes of one sdpa call: broadcast batch dims, heads, grouped-query."""
+
+    def __init__(self, q, k, v, mask, bias):
+        self.lq, self.dk = q.shape[-2:]
+        self.lk, self.dv = k.shape[-2], v.shape[-1]
+        hq = q.shape[-3] if q.ndim >= 3 else 1
+        hk = k.shape[-3] if k.ndim >= 3 else 1
+        self.gqa = q.ndim >= 3 and k.ndim >= 3 and v.ndim >= 3 and hk > 1 \
+            and hq != hk and hq % hk == 0
+        kv_lead = [k.shape[:-2], v.shape[:-2]]
+        if self.gqa:  # kv heads count as q's heads for broadcasting
+            kv_lead = [s[:-1] + (hq,) for s in kv_lead]
+        extra = [np.shape(a)[:-2] for a in (mask, bias) if a is not None]
+        self.lead = tuple(np.broadcast_shapes(q.shape[:-2], *kv_lead, *extra))
+        self.batch = self.lead[:-1] if self.lead else ()
+        self.heads = self.lead[-1] if self.lead else 1
+        self.kv_heads = hk if self.gqa else self.heads
+        self.b = math.prod(self.batch)
+
+    def full(self, heads: int, length: int, dim: int):
+        return self.batch + (heads, length, dim)
+
+
+def _to_bthd(x, full: tuple, b: int):
+    """Broadcast to (*batch, H, L, D), flatten batch, move tokens before heads."""
+    x = tf.reshape(tf.broadcast_to(x, full), (b,) + full[-3:])
+    return tf.transpose(x, (0, 2, 1, 3))
+
+
+def _from_bthd(x, plan: _Plan):
+    x = tf.transpose(x, (0, 2, 1, 3))  # (B, H, Lq, D)
+    return tf.reshape(x, plan.lead + (plan.lq, x.shape[-1]))
+
+
+# ---------------------------------------------------------------- attention cores
+
+
+def _composed_probs(q, k, bias, mask, scale, softcap):
+    """The score pipeline built from keras.ops, mirroring keras' precision choices.
+
+    Used only for softcap, which keras.ops.dot_product_attention supports on JAX/TPU
+    only. ``q, k``: (B, T, N, H); returns P: (B, N, T, S) in the input dtype.
+    """
+    n, nk = q.shape[2], k.shape[2]
+    if nk != n:
+        k = keras.ops.repeat(k, n // nk, axis=2)
+    logits = keras.ops.einsum("BTNH,BSNH->BNTS", q, k)
+    work = "float64" if q.dtype == tf.float64 else "float32"
+    logits = keras.ops.cast(logits, work) * scale
+    logits = softcap * keras.ops.tanh(logits / softcap)
+    if bias is not None:
+        logits = logits + keras.ops.cast(bias, work)
+    if mask is not None:
+        logits = keras.ops.where(mask, logits, keras.ops.cast(_LARGE_NEGATIVE, work))
+    return keras.ops.cast(keras.ops.softmax(logits, axis=-1), q.dtype)
+
+
+def _scale_tensor(scale, dk: int, dtype):
+    """The scale as a tensor of the logits' dtype.
+
+    keras.ops.dot_product_attention computes its default 1/sqrt(Dk) in float32 and
+    converts a Python-float scale through float32 (tf.cast), which costs float64
+    inputs ~1e-8 relative error; a float64 tensor keeps the scale exact.
+    """
+    value = 1.0 / math.sqrt(dk) if scale is None else float(scale)
+    return tf.constant(value, dtype=tf.float64 if dtype == tf.float64 else tf.float32)
+
+
+def _attend(q, k, v, mask, bias, *, plan: _Plan, scale, native_causal, softcap):
+    """sdpa on tensors of the caller's shapes; returns (*lead, Lq, Dv)."""
+    qh = _to_bthd(q, plan.full(plan.heads, plan.lq, plan.dk), plan.b)
+    kh = _to_bthd(k, plan.full(plan.kv_heads, plan.lk, plan.dk), plan.b)
+    vh = _to_bthd(v, plan.full(plan.kv_heads, plan.lk, plan.dv), plan.b)
+    scale = _scale_tensor(scale, plan.dk, qh.dtype)
+    if softcap is None:
+        out = keras.ops.dot_product_attention(
+            qh, kh, vh, bias=bias, mask=mask, scale=scale,
+            is_causal=native_causal, flash_attention=None)
+    else:
+        probs = _composed_probs(qh, kh, bias, mask, scale, softcap)
+        if plan.kv_heads != plan.heads:
+            vh = keras.ops.repeat(vh, plan.heads // plan.kv_heads, axis=2)
+        out = keras.ops.einsum("BNTS,BSNH->BTNH", probs, vh)
+    return _from_bthd(out, plan)
+
+
+def _prepare(q, k, v, mask, bias, causal, window, softcap):
+    """Plan, 4-D mask and bias, and whether Keras' is_causal can be used."""
+    plan = _Plan(q, k, v, mask, bias)
+    structural, native_causal = _structural_mask(plan.lq, plan.lk, causal, window)
+    if softcap is not None and native_causal:  # the composed path has no is_causal
+        structural = _combine_masks(structural, np.tril(np.ones((plan.lq, plan.lk), bool)))
+        native_causal = False
+    combined = _combine_masks(mask, structural)
+    mask4 = _to_4d(combined, plan.batch, plan.heads, plan.lq, plan.lk)
+    bias4 = _to_4d(bias, plan.batch, plan.heads, plan.lq, plan.lk)
+    return plan, mask4, bias4, native_causal
+
+
+# ---------------------------------------------------------------- multi-head layers
+
+
+def _split_heads(w, heads: int, what: str):
+    cols = w.shape[1]
+    if cols % heads:
+        raise ValueError(f"{what} has {cols} columns, not a multiple of {heads} heads")
+    return cols // heads
+
+
+class TensorflowBackend:
+    """The attention interface on TensorFlow 2 with Keras 3 (TensorFlow backend)."""
+
+    name = "tensorflow"
+    dtypes = frozenset(_DTYPES)
+    policy = {
+        # keras.ops.dot_product_attention writes -0.7*float32max (not -inf) into
+        # masked logits, so a fully masked row softmaxes to 1/Lk: the mean of V.
+        "fully_masked_rows": "uniform",
+        # an all -inf bias row is -inf everywhere before the softmax: NaN.
+        "neg_inf_bias_rows": "nan",
+        # tf.where replaces a masked logit, NaN included, before the softmax.
+        "masked_key_nan": "ignored",
+        # P·V multiplies the masked value by weight 0, and 0·NaN is NaN.
+        "masked_value_nan": "propagates",
+    }
+    paths = {
+        "softmax": "native: keras.ops.softmax",
+        "scores": "composed: keras.ops.matmul / tanh (no public raw-score op)",
+        "attention_weights": "native: keras.ops.dot_product_attention with V = I(Lk); "
+                             "composed keras.ops.softmax pipeline for softcap",
+        "sdpa": "native: keras.ops.dot_product_attention (explicit mask for "
+                "bottom-right causal and window; composed for softcap)",
+        "self_attention": "composed: keras.ops.matmul projections + native "
+                          "keras.ops.dot_product_attention",
+        "multi_head_attention": "native: keras.layers.MultiHeadAttention / "
+                                "GroupQueryAttention (composed projections + native "
+                                "dot_product_attention for per-head masks and GQA "
+                                "with Dhv != Dh or Eo != Eq)",
+        "sdpa_vjp": "native: tf.GradientTape over keras.ops.dot_product_attention",
+    }
+    versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
+
+    def __init__(self):
+        self._run = _Runner()
+        self._layers: dict = {}
+        self._layer_weights: dict = {}  # id(layer) -> kernels it holds
+
+    # ------------------------------------------------------------ simple ops
+
+    def softmax(self, x, axis=-1):
+        dtype = _dtype_name(x)
+        key = ("softmax", axis, _sig(x))
+        out = self._run(key, lambda t: keras.ops.softmax(t, axis=axis), _tensor(x))
+        return _numpy(out, dtype)
+
+    def scores(self, q, k, *, kind, scale=None, w=None, u=None, v=None):
+        dtype = _dtype_name(q, k)
+        if kind not in ("dot", "scaled_dot", "bilinear", "additive"):
+            raise ValueError(f"unknown score kind {kind!r}")
+        if kind == "scaled_dot" and scale is None:
+            scale = 1.0 / math.sqrt(q.shape[-1])
+        key = ("scores", kind, scale, _sig(q, k, w, u, v))
+
+        def fn(qt, kt, wt, ut, vt):
+            if kind == "additive":
+                kw = keras.ops.expand_dims(keras.ops.matmul(kt, wt), -3)  # (*,1,Lk,Da)
+                qu = keras.ops.expand_dims(keras.ops.matmul(qt, ut), -2)  # (*,Lq,1,Da)
+                return keras.ops.matmul(keras.ops.tanh(kw + qu), vt)
+            if kind == "bilinear":
+                qt = keras.ops.matmul(qt, wt)
+            s = keras.ops.matmul(qt, keras.ops.swapaxes(kt, -1, -2))
+            if kind == "scaled_dot":
+                s = s * tf.constant(scale, dtype=s.dtype)
+            return s
+
+        out = self._run(key, fn, _tensor(q), _tensor(k), _tensor(w), _tensor(u), _tensor(v))
+        return _numpy(out, dtype)
+
+    # ------------------------------------------------------------ attention
+
+    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
+                          softcap=None, window=None):
+        dtype = _dtype_name(q, k)
+        lk = k.shape[-2]
+        if softcap is None:  # P = softmax(...)·I, computed by the native op itself
+            eye = np.broadcast_to(np.eye(lk, dtype=q.dtype), k.shape[:-1] + (lk,))
+            return self.sdpa(q, k, eye, mask=mask, bias=bias, causal=causal,
+                             scale=scale, window=window)
+        plan, mask4, bias4, _ = _prepare(q, k, k, mask, bias, causal, window, softcap)
+        key = ("weights", scale, softcap, plan.lead, _sig(q, k, mask4, bias4))
+
+        def fn(qt, kt, mt, bt):
+            qh = _to_bthd(qt, plan.full(plan.heads, plan.lq, plan.dk), plan.b)
+            kh = _to_bthd(kt, plan.full(plan.kv_heads, plan.lk, plan.dk), plan.b)
+            s = _scale_tensor(scale, plan.dk, qh.dtype)
+            probs = _composed_probs(qh, kh, bt, mt, s, softcap)  # (B, N, T, S)
+            return tf.reshape(probs, plan.lead + (plan.lq, plan.lk))
+
+        out = self._run(key, fn, _tensor(q), _tensor(k), _tensor(mask4), _tensor(bias4))
+        return _numpy(out, dtype)
+
+    def _sdpa_call(self, q, k, v, mask, bias, causal, scale, softcap, window):
+        """Key, function and tensor arguments of one sdpa computation."""
+        plan, mask4, bias4, native_causal = _prepare(q, k, v, mask, bias, causal,
+                                                     window, softcap)
+        key = (scale, softcap, native_causal, plan.lead, _sig(q, k, v, mask4, bias4))
+
+        def fn(qt, kt, vt, mt, bt):
+            return _attend(qt, kt, vt, mt, bt, plan=plan, scale=scale,
+                           native_causal=native_causal, softcap=softcap)
+
+        return key, fn, [_tensor(a) for a in (q, k, v, mask4, bias4)]
+
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+             softcap=None, window=None):
+        dtype = _dtype_name(q, k, v)
+        key, fn, args = self._sdpa_call(q, k, v, mask, bias, causal, scale, softcap, window)
+        return _numpy(self._run(("sdpa",) + key, fn, *args), dtype)
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+                 softcap=None, window=None):
+        dtype = _dtype_name(q, k, v)
+        key, fn, args = self._sdpa_call(q, k, v, mask, bias, causal, scale, softcap, window)
+
+        def vjp(qt, kt, vt, mt, bt, gt):
+            with tf.GradientTape() as tape:
+                tape.watch([qt, kt, vt])
+                out = fn(qt, kt, vt, mt, bt)
+            grads = tape.gradient(out, [qt, kt, vt], output_gradients=gt)
+            return [tf.zeros_like(x) if g is None else g
+                    for x, g in zip((qt, kt, vt), grads)]
+
+        grads = self._run(("vjp",) + key + _sig(d_out), vjp, *args, _tensor(d_out))
+        return tuple(_numpy(g, dtype) for g in grads)
+
+    def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
+        dtype = _dtype_name(x, w_q, w_k, w_v)
+        lead = x.shape[:-2]
+        lx, dk, dv = x.shape[-2], w_k.shape[1], w_v.shape[1]
+        probe = (np.empty(lead + (lx, dk), np.bool_), np.empty(lead + (lx, dv), np.bool_))
+        plan, mask4, _, native_causal = _prepare(probe[0], probe[0], probe[1], mask,
+                                                 None, causal, None, None)
+        key = ("self_attention", native_causal, plan.lead,
+               _sig(x, w_q, w_k, w_v, mask4))
+
+        def fn(xt, wq, wk, wv, mt):
+            qt, kt, vt = (keras.ops.matmul(xt, w) for w in (wq, wk, wv))
+            return _attend(qt, kt, vt, mt, None, plan=plan, scale=None,
+                           native_causal=native_causal, softcap=None)
+
+        out = self._run(key, fn, *(_tensor(a) for a in (x, w_q, w_k, w_v, mask4)))
+        return _numpy(out, dtype)
+
+    # ------------------------------------------------------------ multi-head
+
+    def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
+                             num_kv_heads=None, mask=None, causal=None):
+        dtype = _dtype_name(query, key, value, w_q, w_k, w_v, w_o)
+        h = int(num_heads)
+        hkv = int(num_kv_heads or num_heads)
+        if h % hkv:
+            raise ValueError(f"num_heads {h} is not a multiple of num_kv_heads {hkv}")
+        dh = _split_heads(w_q, h, "w_q")
+        if _split_heads(w_k, hkv, "w_k") != dh:
+            raise ValueError("w_q and w_k give different head sizes")
+        dhv = _split_heads(w_v, hkv, "w_v")
+        lq, lk = query.shape[-2], key.shape[-2]
+        eq, eo = query.shape[-1], w_o.shape[1]
+
+        mask_lead = np.shape(mask)[:-3] if mask is not None and np.ndim(mask) > 3 else ()
+        batch = tuple(np.broadcast_shapes(query.shape[:-2], key.shape[:-2],
+                                          value.shape[:-2], mask_lead))
+        b = math.prod(batch)
+        structural, native_causal = _structural_mask(lq, lk, causal, None)
+        combined = _combine_masks(mask, structural)
+        per_head = combined is not None and np.ndim(combined) >= 3 \
+            and np.shape(combined)[-3] != 1
+        layer_ok = not per_head and (hkv == h or (dh == dhv and eo == eq))
+
+        def flat(a):  # (*batch, L, E) -> (B, L, E)
+            return np.broadcast_to(a, batch + a.shape[-2:]).reshape((b,) + a.shape[-2:])
+
+        inputs = [flat(a) for a in (query, key, value)]
+        if layer_ok:
+            mask3 = None
+            if combined is not None:
+                m = _to_4d(combined, batch, 1, lq, lk)
+                mask3 = np.broadcast_to(m[:, 0], (b, lq, lk))
+            out = self._mha_layer(inputs, mask3, native_causal, w_q, w_k, w_v, w_o,
+                                  h, hkv, dh, dhv, dtype)
+        else:
+            mask4 = _to_4d(combined, batch, h, lq, lk)
+            out = self._mha_composed(inputs, mask4, native_causal, w_q, w_k, w_v, w_o,
+                                     h, hkv, dh, dhv, dtype)
+        return _numpy(tf.reshape(out, batch + (lq, eo)), dtype)
+
+    def _layer(self, h, hkv, dh, dhv, shapes, eo, dtype):
+        """A built Keras attention layer for this configuration, cached."""
+        config = (h, hkv, dh, dhv, shapes, eo, dtype)
+        layer = self._layers.get(config)
+        if layer is None:
+            (eq, ek, ev) = shapes
+            if hkv == h:
+                layer = keras.layers.MultiHeadAttention(
+                    num_heads=h, key_dim=dh, value_dim=dhv, use_bias=False,
+                    output_shape=eo, dtype=dtype)
+            else:
+                layer = keras.layers.GroupQueryAttention(
+                    head_dim=dh, num_query_heads=h, num_key_value_heads=hkv,
+                    use_bias=False, dtype=dtype)
+            layer.build((None, None, eq), (None, None, ev), (None, None, ek))
+            self._layers[config] = layer
+        return layer
+
+    def _mha_layer(self, inputs, mask3, native_causal, w_q, w_k, w_v, w_o,
+                   h, hkv, dh, dhv, dtype):
+        query, key, value = inputs
+        shapes = (query.shape[-1], key.shape[-1], value.shape[-1])
+        eo = w_o.shape[1]
+        layer = self._layer(h, hkv, dh, dhv, shapes, eo, dtype)
+        # kernels: (E, H, Dh) — head h takes columns [h*Dh, (h+1)*Dh); output (H, Dhv, Eo)
+        kernels = {
+            "query": np.reshape(w_q, (shapes[0], h, dh)),
+            "key": np.reshape(w_k, (shapes[1], hkv, dh)),
+            "value": np.reshape(w_v, (shapes[2], hkv, dhv)),
+            "attention_output": np.reshape(w_o, (h, dhv, eo)),
+        }
+        # both layers name their projections query/key/value/attention_output
+        weights = [kernels[w.path.split("/")[-2]] for w in layer.weights]
+        last = self._layer_weights.get(id(layer))
+        if last is None or not all(np.array_equal(a, b) for a, b in zip(last, weights)):
+            layer.set_weights(weights)
+            self._layer_weights[id(layer)] = [np.array(w, copy=True) for w in weights]
+        run_key = ("mha-layer", id(layer), native_causal, _sig(query, key, value, mask3))
+
+        def fn(qt, kt, vt, mt):
+            return layer(qt, vt, key=kt, attention_mask=mt, use_causal_mask=native_causal)
+
+        return self._run(run_key, fn, *(_tensor(a) for a in (query, key, value, mask3)))
+
+    def _mha_composed(self, inputs, mask4, native_causal, w_q, w_k, w_v, w_o,
+                      h, hkv, dh, dhv, dtype):
+        query, key, value = inputs
+        b, lq, lk = query.shape[0], query.shape[1], key.shape[1]
+        run_key = ("mha-composed", h, hkv, native_causal,
+                   _sig(query, key, value, w_q, w_k, w_v, w_o, mask4))
+
+        def fn(qt, kt, vt, wq, wk, wv, wo, mt):
+            qh = keras.ops.reshape(keras.ops.matmul(qt, wq), (b, lq, h, dh))
+            kh = keras.ops.reshape(keras.ops.matmul(kt, wk), (b, lk, hkv, dh))
+            vh = keras.ops.reshape(keras.ops.matmul(vt, wv), (b, lk, hkv, dhv))
+            if hkv == 1 and h > 1:  # multi-query: the TF backend's einsum needs N heads
+                kh = keras.ops.repeat(kh, h, axis=2)
+                vh = keras.ops.repeat(vh, h, axis=2)
+            out = keras.ops.dot_product_attention(
+                qh, kh, vh, mask=mt, scale=_scale_tensor(None, dh, qh.dtype),
+                is_causal=native_causal, flash_attention=None)
+            return keras.ops.matmul(keras.ops.reshape(out, (b, lq, h * dhv)), wo)
+
+        args = (query, key, value, w_q, w_k, w_v, w_o, mask4)
+        return self._run(run_key, fn, *(_tensor(a) for a in args))

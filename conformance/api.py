@@ -1,0 +1,222 @@
+"""Golden data for other projects' tests: a case's inputs, params and expected outputs.
+
+    from conformance.api import load_case
+
+    case = load_case("wo-shi-xiao-gou-causal-first-row")
+    args, kwargs = case.arguments("float32")          # positional inputs, keywords + params
+    out = my_attention(*args, **kwargs)
+    case.check({"out": out}, "float32")               # AssertionError beyond the tolerance
+
+Inputs come as the backend receives them (NumPy arrays of the dtype, bfloat16 as
+``ml_dtypes.bfloat16``, masks as bool); expected outputs are the float64 reference,
+frozen in spec/golden and verified against its sha256 manifest; ``tolerance`` is the
+largest absolute error the suite allows a backend in that dtype (spec/tolerances.yaml).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .golden import GoldenStore, golden_entries, rounded_inputs
+from .interface import OPERATIONS, OUTPUTS
+from .paths import CASES_DIR
+from .runner import cast_inputs, worst_error
+from .spec import Case, load_spec
+from .tolerances import load_tolerances
+
+
+class CaseNotFound(LookupError):
+    """No valid case has this id."""
+
+
+@functools.lru_cache(maxsize=8)
+def _spec(cases_dir: Path):
+    spec = load_spec(cases_dir)
+    return spec, spec.by_id()
+
+
+def _cases_dir(spec_dir) -> Path:
+    return Path(spec_dir).resolve() if spec_dir else CASES_DIR
+
+
+def list_cases(topic: str | None = None, *, spec_dir=None) -> list[str]:
+    """Ids of every valid case (of one topic if given), in spec order."""
+    spec, _ = _spec(_cases_dir(spec_dir))
+    return [c.id for c in spec.cases if topic is None or c.topic == topic]
+
+
+def load_case(case_id: str, *, spec_dir=None) -> "GoldenCase":
+    """The case with this id (spec_dir: a folder of case files, default spec/cases)."""
+    cases_dir = _cases_dir(spec_dir)
+    spec, by_id = _spec(cases_dir)
+    if case_id not in by_id:
+        invalid = [str(e) for e in spec.errors if e.case_id == case_id]
+        hint = f" (it is invalid: {invalid[0]})" if invalid else ""
+        raise CaseNotFound(f"no case {case_id!r} in {cases_dir}{hint}")
+    return GoldenCase(by_id[case_id], GoldenStore(cases_dir.parent / "golden"))
+
+
+def _policy_key(policy):
+    """None, ('name', 'choice') or 'name=choice' -> None or ('name', 'choice')."""
+    if policy is None or isinstance(policy, tuple):
+        return policy
+    name, sep, choice = str(policy).partition("=")
+    if not sep:
+        raise ValueError(f"policy {policy!r}: write it as NAME=CHOICE, e.g. fully_masked_rows=zeros")
+    return (name, choice)
+
+
+@dataclass(frozen=True)
+class GoldenCase:
+    """One case of the spec with its golden data."""
+
+    case: Case
+    store: GoldenStore
+
+    # --- what the case is --------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.case.id
+
+    @property
+    def topic(self) -> str:
+        return self.case.topic
+
+    @property
+    def op(self) -> str:
+        return self.case.op
+
+    @property
+    def description(self) -> str:
+        return self.case.description
+
+    @property
+    def source(self) -> str:
+        return self.case.source
+
+    @property
+    def params(self) -> dict:
+        """The op's keyword parameters (causal, scale, window, ...), a fresh dict."""
+        return {k: (list(v) if isinstance(v, (list, tuple)) else v)
+                for k, v in self.case.params.items()}
+
+    @property
+    def dtypes(self) -> tuple:
+        return tuple(self.case.dtypes)
+
+    @property
+    def variants(self) -> tuple:
+        """Labels of the shape variants ('' for a case without dims)."""
+        return tuple(v.label for v in self.case.variants)
+
+    @property
+    def expect(self) -> dict:
+        """The case's expectations as written in the spec (golden, exact, properties...)."""
+        return self.case.expect
+
+    @property
+    def positional(self) -> tuple:
+        """Names of the op's positional inputs, in order."""
+        return OPERATIONS[self.case.op]
+
+    @property
+    def outputs(self) -> tuple:
+        """Names of the op's outputs ('out', or dq, dk, dv for sdpa_vjp)."""
+        return OUTPUTS[self.case.op]
+
+    @property
+    def policies(self) -> tuple:
+        """'NAME=CHOICE' of every policy branch that has its own golden output."""
+        return tuple(f"{p[0]}={p[1]}" for p in golden_entries(self.case) if p)
+
+    @property
+    def has_golden(self) -> bool:
+        return any(True for _ in golden_entries(self.case))
+
+    def __repr__(self):
+        return f"<GoldenCase {self.topic}/{self.id}: {self.op}, variants {list(self.variants)}>"
+
+    # --- data ---------------------------------------------------------------------------
+    def _variant(self, variant):
+        variants = self.case.variants
+        if variant is None:
+            if len(variants) == 1:
+                return variants[0]
+            raise ValueError(f"case {self.id!r} has {len(variants)} variants; pass "
+                             f"variant= one of {[v.label for v in variants]}")
+        for v in variants:
+            if v.label == variant or v.dims == variant:
+                return v
+        raise ValueError(f"case {self.id!r} has no variant {variant!r}; "
+                         f"it has {[v.label for v in variants]}")
+
+    def _dtype(self, dtype):
+        if dtype not in self.case.dtypes:
+            raise ValueError(f"case {self.id!r} is not specified for {dtype}; "
+                             f"its dtypes are {list(self.case.dtypes)}")
+        return dtype
+
+    def inputs(self, dtype: str = "float64", variant=None) -> dict[str, np.ndarray]:
+        """Every input, as a backend receives it: the dtype's NumPy array (bool masks)."""
+        exact = rounded_inputs(self.case, self._variant(variant), self._dtype(dtype))
+        return cast_inputs(exact, dtype)
+
+    def arguments(self, dtype: str = "float64", variant=None) -> tuple[list, dict]:
+        """(positional inputs, keyword inputs + params), ready for ``op(*args, **kwargs)``."""
+        arrays = self.inputs(dtype, variant)
+        args = [arrays.pop(name) for name in self.positional]
+        return args, {**arrays, **self.params}
+
+    def _golden(self, dtype, variant, policy):
+        policy = _policy_key(policy)
+        known = list(golden_entries(self.case))
+        if not known:
+            raise LookupError(f"case {self.id!r} has no golden output; its expectations are "
+                              f"{sorted(self.case.expect)}")
+        if policy not in known:
+            choices = [f"{p[0]}={p[1]}" if p else "None" for p in known]
+            raise LookupError(f"case {self.id!r} has no golden output for policy "
+                              f"{policy!r}; it has: {', '.join(choices)}")
+        return self.store.get(self.case, self._variant(variant), self._dtype(dtype), policy)
+
+    def expected(self, dtype: str = "float64", variant=None, policy=None) -> dict[str, np.ndarray]:
+        """output name -> the float64 reference output for the inputs of this dtype.
+
+        policy: for a case whose outcome is a declared choice, 'NAME=CHOICE'."""
+        return {n: np.array(g) for n, (g, _) in self._golden(dtype, variant, policy).items()}
+
+    def tolerance(self, dtype: str = "float64", variant=None, policy=None) -> dict[str, float]:
+        """output name -> the largest absolute error allowed at a finite position."""
+        rule = load_tolerances()
+        return {n: rule.output(dtype, err, g)
+                for n, (g, err) in self._golden(dtype, variant, policy).items()}
+
+    def check(self, outputs, dtype: str = "float64", variant=None, policy=None) -> dict:
+        """Compare outputs (a dict by output name, a tuple, or one array) with the golden
+        ones; return output -> error / tolerance, raise AssertionError beyond 1.
+
+        NaN and inf must sit where the golden output has them."""
+        if not isinstance(outputs, dict):
+            outputs = dict(zip(self.outputs, outputs if isinstance(outputs, (tuple, list))
+                               else (outputs,)))
+        expected = self.expected(dtype, variant, policy)
+        tolerance = self.tolerance(dtype, variant, policy)
+        ratios, problems = {}, []
+        for name, gold in expected.items():
+            actual = np.asarray(outputs[name]).astype(np.float64)
+            if actual.shape != gold.shape:
+                problems.append(f"{name}: shape {actual.shape}, expected {gold.shape}")
+                continue
+            error, index, pattern = worst_error(actual, gold)
+            tol = tolerance[name]
+            ratios[name] = error / tol if tol else (0.0 if error == 0 else np.inf)
+            if ratios[name] > 1:
+                problems.append(f"{name}: {pattern or f'error {error:.3g}'} at {list(index)}"
+                                f" exceeds the tolerance {tol:.3g}")
+        if problems:
+            raise AssertionError(f"case {self.id} ({dtype}): " + "; ".join(problems))
+        return ratios

@@ -1,0 +1,79 @@
+"""Which kind of case can reveal a planted bug that not every case can see.
+
+A bug listed here is only caught once the spec has a case of its kind; while it has
+none, tests/test_known_bad.py counts the bug as waiting for a case (an expected
+failure), and tests/known_bad/revealing/ holds one case of each kind to show that the
+suite's checks catch the bug given such a case.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conformance import reference
+from conformance.inputs import build_inputs
+
+
+def _variant_inputs(case):
+    return [build_inputs(case.inputs, variant.dims) for variant in case.variants]
+
+
+def _token_names(case):
+    return {"self_attention": ("x", "x"), "multi_head_attention": ("query", "key")}.get(
+        case.op, ("q", "k"))
+
+
+def causal_with_lq_ne_lk(case):
+    q, k = _token_names(case)
+    return bool(case.params.get("causal")) and any(
+        a[q].shape[-2] != a[k].shape[-2] for a in _variant_inputs(case))
+
+
+def _largest_score(case, arrays):
+    """The largest score that reaches the softmax (allowed by mask, causal and window)."""
+    if case.op == "softmax":
+        scores, keep = arrays["x"], True
+    elif case.op in ("attention_weights", "sdpa", "sdpa_vjp"):
+        q, k, p = arrays["q"], reference._expand_kv(arrays["q"], arrays["k"]), case.params
+        scale = 1 / np.sqrt(q.shape[-1]) if p.get("scale") is None else p["scale"]
+        scores = reference._logits(q, k, scale=scale, softcap=p.get("softcap"),
+                                   bias=arrays.get("bias"))
+        keep = reference.allowed_keys(q.shape[-2], k.shape[-2], causal=p.get("causal"),
+                                      window=p.get("window")) & arrays.get("mask", True)
+    else:
+        return -np.inf
+    live = np.broadcast_to(keep, scores.shape) & np.isfinite(scores)
+    return float(np.max(np.where(live, scores, -np.inf), initial=-np.inf))
+
+
+def scores_overflow(case):
+    """exp overflows past 88.7 in float32 (the compute dtype of every dtype but float64),
+    and past 709.8 in float64."""
+    limit = 90.0 if set(case.dtypes) - {"float64"} else 710.0
+    return any(_largest_score(case, a) > limit for a in _variant_inputs(case))
+
+
+def grouped_query(case):
+    if case.op == "multi_head_attention":
+        heads = case.params["num_heads"]
+        return 1 < (case.params.get("num_kv_heads") or heads) < heads
+    if case.op not in ("attention_weights", "sdpa", "sdpa_vjp"):
+        return False
+    return any(a["q"].ndim >= 3 and a["k"].ndim >= 3 and 1 < a["k"].shape[-3] < a["q"].shape[-3]
+               for a in _variant_inputs(case))
+
+
+#: bug -> (the kind of case that reveals it, a test of a case for being of that kind)
+NEEDS = {
+    "bias_ignored_with_mask": ("case with both a mask and a bias",
+                               lambda c: {"mask", "bias"} <= set(c.inputs)),
+    "causal_alignment_swapped": ("causal case with Lq != Lk", causal_with_lq_ne_lk),
+    "gqa_heads_tiled": ("grouped-query case (1 < kv heads < query heads)", grouped_query),
+    "key_padding_mask_inverted": ("case with a boolean mask", lambda c: "mask" in c.inputs),
+    "nan_fully_masked_rows": ("case with a fully_masked_rows policy",
+                              lambda c: "fully_masked_rows" in c.expect.get("policy", {})),
+    "no_max_subtraction": ("softmax or attention case whose scores overflow exp (past 88 in "
+                           "float32, 709 in float64)", scores_overflow),
+    "vjp_missing_scale": ("sdpa_vjp case with a scale other than 1",
+                          lambda c: c.op == "sdpa_vjp" and c.params.get("scale") != 1),
+}

@@ -1,0 +1,20 @@
+"""Known bug: the causal mask is the upper triangle (triu for tril): queries see the future."""
+
+import numpy as np
+
+from _plant import Planted, original
+
+
+def _allowed(lq, lk, mask, causal, window):
+    allowed = original["_allowed"](lq, lk, mask, None, window)
+    if causal is None:
+        return allowed
+    position = np.arange(lq)[:, None] + (lk - lq if causal == "bottom_right" else 0)
+    future = np.arange(lk)[None, :] >= position
+    return future if allowed is None else allowed & future
+
+
+class CausalMaskTransposed(Planted):
+    """Causal mask transposed: query i sees keys j >= i instead of j <= i."""
+
+    helpers = {"_allowed": _allowed}

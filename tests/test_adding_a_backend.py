@@ -1,0 +1,121 @@
+"""docs/adding-a-backend.md, followed as a backend author would: the example adapter is
+certified by path, then installed into a throwaway environment and certified by its
+entry point name. The guide's files are the example's files, and its commands exist."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _cli_support import ROOT, cli, make_spec
+from conformance.cli import build_parser
+
+GUIDE = ROOT / "docs" / "adding-a-backend.md"
+EXAMPLE = ROOT / "examples" / "toy_backend"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_spec(tmp_path_factory.mktemp("tiny"))
+
+
+def test_the_guide_shows_the_example_files_as_they_are():
+    text = GUIDE.read_text()
+    shown = re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, re.S)
+    assert {path for path, _ in shown} == {
+        "examples/toy_backend/pyproject.toml",
+        "examples/toy_backend/src/toy_attention/__init__.py",
+        "examples/toy_backend/src/toy_attention/adapter.py"}
+    for path, block in shown:
+        assert block == (ROOT / path).read_text(), f"the guide's copy of {path} is stale"
+
+
+def test_the_guide_commands_exist():
+    text = GUIDE.read_text()
+    parser = build_parser()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            words = shlex.split(line.split("#", 1)[0])
+            while words and "=" in words[0]:          # PYTHONPATH=src ...
+                words = words[1:]
+            if words[:1] == ["attention-conformance"]:
+                commands.append(words[1:])
+    assert {c[0] for c in commands} == {"certify", "fuzz"}
+    for command in commands:
+        args, unknown = parser.parse_known_args(command)
+        assert not unknown, command
+
+
+def _report(directory: Path) -> dict:
+    return json.loads((directory / "toy.json").read_text())
+
+
+def test_certify_the_example_by_path(tiny, tmp_path):
+    """Step 3 of the guide: PYTHONPATH=src attention-conformance certify
+    src/toy_attention/adapter.py:ToyBackend (here on the suite's small test spec)."""
+    result = cli("--spec-dir", tiny, "certify", "src/toy_attention/adapter.py:ToyBackend",
+                 "--report", tmp_path, "-q", cwd=EXAMPLE, env={"PYTHONPATH": "src"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = _report(tmp_path)
+    # float64 and float32 of softmax, sdpa (2 shapes), weights, the empty row: pass;
+    # float16 and bfloat16, and self_attention (not defined): unsupported
+    assert data["totals"] == {"pass": 10, "unsupported": 8}
+    assert data["backend"]["policy"]["fully_masked_rows"] == "nan"
+    assert data["versions"]["toy-attention"] == "0.1.0"
+    md = (tmp_path / "toy.md").read_text()
+    assert "backend has no method 'self_attention'" in md
+
+
+def _throwaway_env(path: Path) -> Path:
+    """A new virtual environment that also sees the packages of this one (the suite,
+    NumPy, pytest, pip, setuptools), so that installing into it needs no network."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
+                    str(path)], check=True, timeout=120)
+    python = path / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c",
+                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    parents = [p for p in site.getsitepackages() + [site.getusersitepackages()]
+               if Path(p).is_dir()]
+    Path(purelib, "_parent_environment.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in parents))
+    return python
+
+
+def test_install_the_example_and_certify_it_by_entry_point(tiny, tmp_path):
+    """Step 4: pip install the package; `attention-conformance certify toy` finds it by
+    its entry point (group attention_conformance.backends)."""
+    for needed in ("pip", "setuptools"):       # looked up, not imported (setuptools
+        if importlib.util.find_spec(needed) is None:   # patches distutils on import)
+            pytest.skip(f"{needed} is not installed: the example cannot be installed")
+    package = tmp_path / "toy_backend"
+    shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns(
+        "*.egg-info", "build", "__pycache__"))
+    python = _throwaway_env(tmp_path / "env")
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+         "--no-index", "--disable-pip-version-check", "-q", "-e", str(package)],
+        capture_output=True, text=True, timeout=180)
+    assert install.returncode == 0, install.stdout + install.stderr
+
+    result = cli("--spec-dir", tiny, "certify", "toy", "--report", tmp_path / "r", "-q",
+                 python=python)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "backend 'toy'" in result.stdout
+    assert _report(tmp_path / "r")["totals"] == {"pass": 10, "unsupported": 8}
+
+    elsewhere = cli("--spec-dir", tiny, "certify", "toy")      # not installed here
+    assert elsewhere.returncode == 4 and "unknown backend 'toy'" in elsewhere.stderr
+
+    fuzzed = cli("fuzz", "toy", "--examples", "25", "-q", python=python)      # step 7
+    assert fuzzed.returncode == 0 and "no failure" in fuzzed.stdout, fuzzed.stdout

@@ -1,0 +1,108 @@
+"""Golden data that are missing, truncated or changed fail their cases with the reason."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from backends.numpy import NumpyBackend
+from conformance import golden
+from conformance.runner import CheckFailure, run_case
+from conformance.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CASES = """\
+topic: tiny
+cases:
+  - id: tiny-sdpa
+    description: a small sdpa case with frozen golden data
+    source: tests/test_bad_golden.py
+    op: sdpa
+    inputs:
+      q: {normal: {shape: [2, 4], seed: 1}}
+      k: {normal: {shape: [3, 4], seed: 2}}
+      v: {normal: {shape: [3, 4], seed: 3}}
+    dtypes: [float32]
+    expect: {golden: true, properties: [finite]}
+"""
+
+
+@pytest.fixture
+def frozen(tmp_path):
+    """(case, golden folder): the case's golden data freshly regenerated into tmp."""
+    spec = tmp_path / "spec"
+    (spec / "cases").mkdir(parents=True)
+    shutil.copy(ROOT / "spec" / "schema.json", spec)
+    (spec / "cases" / "tiny.yaml").write_text(CASES)
+    loaded = load_spec(spec / "cases")
+    assert not loaded.errors, loaded.errors
+    golden.regenerate(loaded.cases, spec / "golden")
+    return loaded.cases[0], spec / "golden"
+
+
+def run(case, directory):
+    return run_case(NumpyBackend(), case, case.variants[0], "float32",
+                    golden.GoldenStore(directory))
+
+
+def failure(case, directory) -> str:
+    with pytest.raises(CheckFailure) as caught:
+        run(case, directory)
+    return str(caught.value)
+
+
+def test_intact_golden_data_pass(frozen):
+    assert run(*frozen).worst_ratio < 1
+
+
+def test_missing_file(frozen):
+    case, directory = frozen
+    (directory / "tiny.npz").unlink()
+    message = failure(case, directory)
+    assert message == (f"golden data: golden file {directory / 'tiny.npz'} is missing "
+                       "(run: attention-conformance golden regenerate)")
+
+
+def test_truncated_file_is_caught_by_its_sha256(frozen):
+    case, directory = frozen
+    path = directory / "tiny.npz"
+    path.write_bytes(path.read_bytes()[:200])
+    message = failure(case, directory)
+    assert message.startswith(f"golden data: golden file {path} does not match its sha256 "
+                              "in SHA256SUMS (listed ")
+    assert "200 bytes: truncated or changed by hand?" in message
+
+
+def test_truncated_file_listed_with_its_new_sha256_cannot_be_read(frozen):
+    case, directory = frozen
+    path = directory / "tiny.npz"
+    path.write_bytes(path.read_bytes()[:200])
+    golden.write_manifest(directory)
+    message = failure(case, directory)
+    assert message.startswith(f"golden data: golden file {path} cannot be read "
+                              "(truncated or corrupt): BadZipFile")
+
+
+def test_changed_file_does_not_match_its_sha256(frozen):
+    case, directory = frozen
+    data = bytearray((directory / "tiny.npz").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (directory / "tiny.npz").write_bytes(bytes(data))
+    assert "does not match its sha256 in SHA256SUMS" in failure(case, directory)
+
+
+def test_file_not_in_the_manifest(frozen):
+    case, directory = frozen
+    (directory / "SHA256SUMS").write_text("")
+    assert f"is not listed in {directory / 'SHA256SUMS'}" in failure(case, directory)
+
+
+def test_other_expectations_are_still_checked(frozen, monkeypatch):
+    """With the golden data gone, a property that fails is reported beside the reason."""
+    case, directory = frozen
+    (directory / "tiny.npz").unlink()
+    monkeypatch.setattr(NumpyBackend, "sdpa", lambda self, q, k, v, **kw: q[:, :4] * float("nan"))
+    lines = failure(case, directory).splitlines()
+    assert lines[0].startswith("golden data: golden file") and "is missing" in lines[0]
+    assert lines[1].startswith("property finite: out holds")

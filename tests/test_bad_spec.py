@@ -1,0 +1,199 @@
+"""Bad spec input: each problem is one clear error naming file, line and case id.
+
+Every scenario below is a known-good case with one thing broken. Loading it gives
+exactly one SpecError that names the file, the line of the fault and the case id, and
+`validate` reports all of them in one run. YAML tags that would construct Python
+objects are refused before anything runs.
+"""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conformance.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+GOOD = """\
+  - id: {id}
+    description: a case of the bad-spec tests
+    source: tests/test_bad_spec.py
+    op: sdpa
+    inputs:
+      q: {{normal: {{shape: [2, 4], seed: 1}}}}
+      k: {{normal: {{shape: [3, 4], seed: 2}}}}
+      v: {{normal: {{shape: [3, 4], seed: 3}}}}
+    dtypes: [float64]
+    expect: {{properties: [finite]}}
+"""
+
+
+def case(case_id, old=None, new=None):
+    """The good case under another id, with the text `old` replaced by `new`."""
+    text = GOOD.format(id=case_id)
+    if old is not None:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    return text
+
+
+def policy(case_id, name, choice):
+    return case(case_id, "    expect: {properties: [finite]}\n",
+                f"    expect:\n      policy:\n        {name}:\n"
+                f"          {choice}: {{properties: [finite]}}\n")
+
+
+PAYLOAD = "!!python/object/apply:os.system [\"touch {marker}\"]"
+
+#: name -> (cases text, text on the line at fault (None: the case's first line), message)
+SCENARIOS = {
+    "malformed_yaml": (case("broken", "seed: 2}}", "seed: 2}"),
+                       "v: {normal", "invalid YAML"),
+    "unknown_key": (case("with-colour", "    op: sdpa\n", "    op: sdpa\n    colour: red\n"),
+                    "colour: red", "unknown key 'colour'"),
+    "wrong_type_list": (case("dtypes-not-a-list", "dtypes: [float64]", "dtypes: float64"),
+                        "dtypes: float64", "'float64' is not of type 'array'"),
+    "wrong_type_seed": (case("seed-not-a-number", "seed: 3", "seed: three"),
+                        "seed: three", "'three' is not of type 'integer'"),
+    "duplicate_key": (case("two-ops", "    dtypes:", "    op: softmax\n    dtypes:"),
+                      "op: softmax", "duplicate key 'op' (first at line 6)"),
+    "duplicate_flow_key": (case("two-seeds", "seed: 1}", "seed: 1, seed: 9}"),
+                           "seed: 9", "duplicate key 'seed'"),
+    "duplicate_case_id": (case("twin") + case("twin", "seed: 1}", "seed: 7}"),
+                          None, "duplicate case id (first at"),
+    "unknown_op": (case("bad-op", "op: sdpa", "op: sdpaa"),
+                   "op: sdpaa", "unknown op 'sdpaa' (known: softmax"),
+    "unknown_dtype": (case("bad-dtype", "[float64]", "[float64, float8]"),
+                      "float8", "unknown dtype 'float8'"),
+    "unknown_policy": (policy("bad-policy", "fully_masked", "zeros"),
+                       "fully_masked:", "unknown policy 'fully_masked'"),
+    "unknown_choice": (policy("bad-choice", "fully_masked_rows", "zeroes"),
+                       "zeroes", "unknown choice of fully_masked_rows 'zeroes' "
+                                 "(known: zeros, uniform, nan)"),
+    "choice_of_another_policy": (policy("foreign-choice", "fully_masked_rows", "ignored"),
+                                 None, "policy fully_masked_rows has no choice 'ignored'"),
+    "widths_differ": (case("q-k-widths", "shape: [3, 4], seed: 2", "shape: [3, 5], seed: 2"),
+                      None, "inconsistent shapes: q has width 4 but k has 5"),
+    "mask_not_broadcast": (case("mask-3x3", "    dtypes:",
+                                "      mask: {full: {shape: [3, 3], value: true}}\n    dtypes:"),
+                           None, "mask against scores (2, 3): shapes (3, 3) and (2, 3) "
+                                 "do not broadcast"),
+    "no_seed": (case("unseeded", "shape: [2, 4], seed: 1", "shape: [2, 4]"),
+                "q: {normal", "'seed' is a required property: every random input needs"),
+    "same_as_missing": (case("copy-of-nothing", "v: {normal: {shape: [3, 4], seed: 3}}",
+                             "v: {same_as: w}"),
+                        None, "input 'v' is same_as unknown input 'w'"),
+    "no_tolerance": (case("bf16", "[float64]", "[float64, bfloat16]"),
+                     None, "dtype 'bfloat16' has no tolerance in spec/tolerances.yaml"),
+    "python_object_payload": (case("payload", "seed: 3}}", "seed: 3}}\n    note: " + PAYLOAD),
+                              "note:", "YAML tag !!python/object/apply:os.system is refused"),
+    "python_name_payload": (case("name-payload", "seed: 3}}", "seed: 3}}\n    note: "
+                                 "!!python/name:os.system ''"),
+                            "note:", "YAML tag !!python/name:os.system is refused"),
+}
+
+
+@pytest.fixture
+def spec_dir(tmp_path):
+    """tmp/spec with the project's schema, tolerances without bfloat16, and no cases."""
+    spec = tmp_path / "spec"
+    (spec / "cases").mkdir(parents=True)
+    shutil.copy(ROOT / "spec" / "schema.json", spec)
+    tolerances = yaml.safe_load((ROOT / "spec" / "tolerances.yaml").read_text())
+    del tolerances["dtypes"]["bfloat16"]
+    (spec / "tolerances.yaml").write_text(yaml.safe_dump(tolerances))
+    return spec
+
+
+def write(spec_dir, name, cases_text):
+    text = f"topic: {name}\ncases:\n{cases_text}".replace("{marker}", str(spec_dir / "pwned"))
+    (spec_dir / "cases" / f"{name}.yaml").write_text(text)
+    return text
+
+
+def line_of(text, needle, occurrence=-1) -> int:
+    """1-based line of the last (or given) line holding needle."""
+    return [n for n, row in enumerate(text.splitlines(), 1) if needle in row][occurrence]
+
+
+def expected_location(name, text):
+    """'spec/cases/NAME.yaml:LINE: case 'ID':' as the error must begin."""
+    cases_text, needle, _ = SCENARIOS[name]
+    case_id = cases_text.split("- id: ")[-1].split("\n")[0]
+    line = line_of(text, needle) if needle else line_of(text, f"- id: {case_id}")
+    return f"spec/cases/{name}.yaml:{line}: case '{case_id}':"
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_each_problem_is_one_error_naming_file_line_and_case(spec_dir, name):
+    text = write(spec_dir, name, SCENARIOS[name][0])
+    spec = load_spec(spec_dir / "cases")
+    assert len(spec.errors) == 1, "\n".join(map(str, spec.errors))
+    message = str(spec.errors[0])
+    assert message.startswith(expected_location(name, text)), message
+    assert SCENARIOS[name][2] in message, message
+
+
+def test_malformed_yaml_is_located_at_the_parser_line(spec_dir):
+    text = write(spec_dir, "malformed", case("broken", "seed: 2}}", "seed: 2}"))
+    [error] = load_spec(spec_dir / "cases").errors
+    assert error.line == line_of(text, "v: {normal")    # where the parser noticed
+    assert error.case_id == "broken" and "did not find expected" in error.message
+
+
+def test_payload_tags_never_run(spec_dir):
+    for name in ("python_object_payload", "python_name_payload"):
+        write(spec_dir, name, SCENARIOS[name][0])
+    (spec_dir / "cases" / "new_payload.yaml").write_text(
+        f"!!python/object/new:os.system [\"touch {spec_dir / 'pwned'}\"]\n")
+    errors = load_spec(spec_dir / "cases").errors
+    assert len(errors) == 3 and all("is refused" in e.message for e in errors), errors
+    assert not (spec_dir / "pwned").exists()
+
+
+def test_a_bad_file_does_not_stop_the_others(spec_dir):
+    write(spec_dir, "a_broken", case("broken", "seed: 2}}", "seed: 2}"))
+    write(spec_dir, "b_good", case("fine") + case("bad-op", "op: sdpa", "op: sdpaa"))
+    spec = load_spec(spec_dir / "cases")
+    assert [c.id for c in spec.cases] == ["fine"]
+    assert [e.case_id for e in spec.errors] == ["broken", "bad-op"]
+
+
+def test_duplicate_case_id_across_files(spec_dir):
+    write(spec_dir, "first", case("same-id"))
+    write(spec_dir, "second", case("other") + case("same-id"))
+    [error] = load_spec(spec_dir / "cases").errors
+    assert str(error).startswith("spec/cases/second.yaml:13: case 'same-id': duplicate case id"
+                                 " (first at spec/cases/first.yaml:3)"), error
+
+
+def test_validate_reports_every_problem_in_one_run(spec_dir):
+    texts = {name: write(spec_dir, name, cases_text)
+             for name, (cases_text, _, _) in SCENARIOS.items()}
+    write(spec_dir, "zz_good", case("good-one"))
+    done = subprocess.run([sys.executable, "-m", "conformance", "--spec-dir",
+                           str(spec_dir / "cases"), "validate"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    for name, text in texts.items():
+        start = expected_location(name, text)
+        assert any(line.startswith(start) and SCENARIOS[name][2] in line for line in lines), \
+            f"{name}: no line starting {start!r}\n{done.stdout}"
+    # the valid cases: good-one and the first twin
+    assert lines[-1].startswith("2 valid cases") and f"{len(SCENARIOS)} problems" in lines[-1]
+    assert not (spec_dir / "pwned").exists()
+
+
+def test_the_plugin_fails_a_bad_case_and_runs_the_good_ones(spec_dir, pytester):
+    text = write(spec_dir, "mixed", case("good-one") + case("bad-op", "op: sdpa", "op: sdpaa"))
+    result = pytester.runpytest_inprocess(
+        str(spec_dir / "cases"), "--backend", "numpy", "-p", "no:cacheprovider",
+        "--spec-dir", str(spec_dir / "cases"), "-q")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([f"*spec/cases/mixed.yaml:{line_of(text, 'sdpaa')}: case 'bad-op':"
+                                 " schema: at cases/1/op: unknown op 'sdpaa'*"])

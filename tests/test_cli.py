@@ -1,0 +1,144 @@
+"""The command line, as a user runs it: every command, its options, its exit status."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from _cli_support import ROOT, TINY, adapter, cli, make_spec, run
+from conformance.cli import build_parser, certify_argv, main
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_spec(tmp_path_factory.mktemp("tiny"))
+
+
+def test_help_lists_every_command(capsys):
+    result = run(capsys, "--help")
+    assert result.returncode == 0
+    for command in ("certify", "list", "validate", "golden", "export", "report", "fuzz"):
+        assert command in result.stdout
+
+
+def test_list_groups_by_topic_and_filters(tiny, capsys):
+    result = run(capsys, "--spec-dir", tiny, "list")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("tiny (5 cases)")
+    assert re.search(r"tiny-sdpa-default-scale\s+sdpa\s+8 tests", result.stdout)
+    assert "5 cases in 1 topics, 18 tests per backend" in result.stdout
+    only = run(capsys, "--spec-dir", tiny, "list", "--op", "sdpa", "--ids")
+    assert only.stdout.split() == ["tiny-sdpa-default-scale", "tiny-empty-row"]
+    keyword = run(capsys, "list", "--spec-dir", tiny, "-k", "ONE-HOT", "--dtype", "float64")
+    assert "tiny-weights-causal" in keyword.stdout and "tiny-softmax" not in keyword.stdout
+    assert "1 cases in 1 topics, 1 tests per backend" in keyword.stdout
+
+
+def test_list_of_the_real_spec_names_the_worked_examples(capsys):
+    result = run(capsys, "list", "--topic", "worked_examples", "--ids")
+    assert result.returncode == 0
+    assert "unnormalised-scores-softmax" in result.stdout.split()
+
+
+def test_validate_reports_every_problem_at_once(tmp_path, capsys):
+    cases = make_spec(tmp_path)
+    assert run(capsys, "--spec-dir", cases, "validate").returncode == 0
+    broken = TINY.replace("op: softmax", "op: softmaxx").replace("seed: 7", "seed: -7")
+    (cases / "tiny.yaml").write_text(broken)
+    result = run(capsys, "--spec-dir", cases, "validate")
+    assert result.returncode == 1
+    assert "'tiny-softmax'" in result.stdout and "'tiny-self-attention'" in result.stdout
+    assert "3 valid cases" in result.stdout and "2 problems" in result.stdout
+
+
+def test_golden_regenerate_shows_which_cases_changed_and_by_how_much(tmp_path, capsys):
+    cases = make_spec(tmp_path)
+    assert run(capsys, "--spec-dir", cases, "golden", "check").returncode == 0
+    unchanged = run(capsys, "--spec-dir", cases, "golden", "regenerate")
+    assert "0 golden arrays changed" in unchanged.stdout
+    (cases / "tiny.yaml").write_text(TINY.replace("seed: 9}", "seed: 19}"))
+    stale = run(capsys, "--spec-dir", cases, "golden", "check")
+    assert stale.returncode == 1 and "tiny-self-attention" in stale.stdout
+    result = run(capsys, "--spec-dir", cases, "golden", "regenerate")
+    assert result.returncode == 0
+    assert "2 golden arrays changed" in result.stdout       # float64 and float32
+    assert re.search(r"1 cases changed:\n  tiny-self-attention: 2 changed "
+                     r"\(max abs change \d\.\d+(e[-+]\d+)?\)", result.stdout), result.stdout
+    assert run(capsys, "--spec-dir", cases, "golden", "check").returncode == 0
+
+
+def test_certify_passes_pytest_options_through_and_writes_junit_xml(tiny, tmp_path):
+    junit = tmp_path / "partial.xml"
+    result = cli("--spec-dir", tiny, "certify", adapter("Float32Only"), "--dtype", "float32",
+                 "--dtype", "bfloat16", "-k", "softmax or causal", f"--junitxml={junit}", "-v")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tiny-softmax[float32] PASSED" in result.stdout          # -v went through
+    assert "2 passed, 1 skipped, 6 deselected" in result.stdout     # --dtype: 9 collected
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    assert sorted(cases) == ["tiny-softmax[bfloat16]", "tiny-softmax[float32]",
+                             "tiny-weights-causal[float32]"]
+    skipped = cases["tiny-softmax[bfloat16]"].find("skipped")
+    assert skipped.get("message") == "unsupported: backend does not declare dtype bfloat16"
+    assert cases["tiny-softmax[float32]"].find("skipped") is None
+
+
+def test_certify_exit_status_and_failure_message(tiny):
+    bad = cli("--spec-dir", tiny, "certify", adapter("WrongDefaultScale"), "-p", "no:cacheprovider",
+              "-q", "--", "-x")                                   # after --: pytest's -x
+    assert bad.returncode == 1
+    assert "1 failed" in bad.stdout                               # -x stopped it
+    assert "tiny/tiny-sdpa-default-scale[L3-D4-float64] failed on backend 'bad-scale'" in bad.stdout
+    assert "worst abs error" in bad.stdout and "tolerance" in bad.stdout
+    unknown = cli("certify", "no-such-backend")
+    assert unknown.returncode == 4 and "unknown backend 'no-such-backend'" in unknown.stderr
+
+
+def test_certify_builds_the_pytest_command_line():
+    args, unknown = build_parser().parse_known_args(
+        ["--spec-dir", "x/cases", "certify", "numpy", "--dtype", "float16", "-k", "mask",
+         "--report", "out", "--junitxml", "j.xml", "-n", "2"])
+    argv = certify_argv(args, unknown)
+    assert argv[argv.index("--backend") + 1] == "numpy"
+    assert argv[-4:] == ["--junitxml", "j.xml", "-n", "2"]
+    for pair in (["--dtype", "float16"], ["-k", "mask"], ["--report", "out"]):
+        assert " ".join(pair) in " ".join(argv)
+    assert str(Path("x/cases").resolve()) in argv
+
+
+def test_other_commands_refuse_unknown_options(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["list", "--frobnicate"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --frobnicate" in capsys.readouterr().err
+
+
+def _tour_commands(text: str) -> list[list[str]]:
+    block = re.search(r"## Quick tour\n+```bash\n(.*?)```", text, re.S)
+    assert block, "no Quick tour block"
+    commands = []
+    for line in block.group(1).splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("attention-conformance "):
+            commands.append(shlex.split(line)[1:])
+    return commands
+
+
+def test_every_command_of_the_quick_tour_exists():
+    """The Quick tour of docs/cli.md (and the README, where it is copied) only uses
+    commands and options that the command line has."""
+    texts = [(ROOT / "docs" / "cli.md").read_text()]
+    readme = ROOT / "README.md"
+    if readme.exists() and "## Quick tour" in readme.read_text():
+        texts.append(readme.read_text())
+    parser = build_parser()
+    for text in texts:
+        commands = _tour_commands(text)
+        used = {c[0] for c in commands}
+        assert {"list", "certify", "report", "export", "fuzz"} <= used
+        for command in commands:
+            args, unknown = parser.parse_known_args(command)
+            assert not unknown, f"{command}: unknown {unknown}"

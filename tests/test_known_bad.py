@@ -1,0 +1,143 @@
+"""Known-bad adapters (tests/known_bad/): the spec catches real bugs, and passes correct code.
+
+Each adapter plants one realistic bug in the NumPy backend. The quick cases of the spec
+run on it programmatically, stopping at the first failure: that case catches the bug.
+A bug that only a kind of case can reveal (a grouped-query case, a gradient case ...)
+is an expected failure while the spec has no case of that kind; once it has one, the
+bug must be caught. The correct NumPy backend, and the planting machinery with no bug
+planted, pass every quick case.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance import golden as golden_data
+from conformance.golden import GoldenStore
+from conformance.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+KNOWN_BAD = ROOT / "tests" / "known_bad"
+sys.path.append(str(KNOWN_BAD))
+
+from _harness import (bug_files, catch, first_catch, item_id, load_bug, outcome,  # noqa: E402
+                      quick_items)
+from _needs import NEEDS  # noqa: E402
+from _plant import Planted  # noqa: E402
+
+MIN_CAUGHT = 15
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_spec()
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return GoldenStore()
+
+
+@pytest.fixture(scope="module")
+def catches(spec, golden):
+    """bug -> (test id, first failure message), None (not caught), or the missing kind."""
+    return {path.stem: catch(path, spec, golden) for path in bug_files()}
+
+
+def _doc(path):
+    return (type(load_bug(path)).__doc__ or "").strip()
+
+
+@pytest.mark.parametrize("path", bug_files(), ids=lambda p: p.stem)
+def test_planted_bug_is_caught(path, catches):
+    found = catches[path.stem]
+    if isinstance(found, str):
+        pytest.xfail(f"the spec has no {found} yet")
+    kind = f", a {NEEDS[path.stem][0]} included" if path.stem in NEEDS else ""
+    assert found is not None, f"{path.stem} ({_doc(path)}) passes every quick case{kind}"
+    case, message = found
+    assert message.strip(), f"{path.stem}: {case} failed without a message"
+
+
+def test_the_spec_catches_at_least_15_distinct_bugs(catches):
+    caught = {bug: found[0] for bug, found in catches.items() if isinstance(found, tuple)}
+    listing = "\n".join(f"  {bug}: caught by {case}" for bug, case in sorted(caught.items()))
+    assert len(caught) >= MIN_CAUGHT, f"only {len(caught)} bugs caught:\n{listing}"
+    docs = {_doc(KNOWN_BAD / f"{bug}.py") for bug in caught}
+    assert len(docs) == len(caught), "two known-bad adapters plant the same bug"
+
+
+def test_each_known_bad_adapter_plants_one_named_bug():
+    assert len(bug_files()) >= MIN_CAUGHT
+    for path in bug_files():
+        backend = load_bug(path)
+        assert isinstance(backend, Planted) and _doc(path), path
+        assert backend.name.startswith("bad-") and backend.name != "bad-planted", path
+
+
+def _failures(backend, spec, golden):
+    return [f"{item_id(c, v, d)}: {message}" for c, v, d in quick_items(spec)
+            if (message := outcome(backend, c, v, d, golden)) is not None]
+
+
+def test_the_correct_numpy_backend_passes_every_quick_case(spec, golden):
+    from backends.numpy import NumpyBackend
+
+    failures = _failures(NumpyBackend(), spec, golden)
+    assert not failures, "\n".join(failures[:10])
+
+
+def test_the_planting_machinery_alone_plants_no_bug(spec, golden):
+    class NoBug(Planted):
+        """No bug: the machinery of the known-bad adapters with nothing planted."""
+
+    failures = _failures(NoBug(), spec, golden)
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.fixture(scope="module")
+def revealing(tmp_path_factory):
+    """The cases of tests/known_bad/revealing, with their golden data frozen into tmp."""
+    spec = load_spec(KNOWN_BAD / "revealing")
+    assert not spec.errors, "\n".join(map(str, spec.errors))
+    directory = tmp_path_factory.mktemp("golden")
+    golden_data.regenerate(spec.cases, directory)
+    return spec, GoldenStore(directory)
+
+
+@pytest.mark.parametrize("bug", sorted(NEEDS))
+def test_a_case_of_the_kind_a_bug_needs_catches_it(bug, revealing):
+    """The suite's checks catch every bug that waits for a case, given a case of its kind."""
+    spec, store = revealing
+    needs, reveals = NEEDS[bug]
+    assert any(reveals(c) for c in spec.cases), f"revealing.yaml has no {needs}"
+    found = first_catch(load_bug(KNOWN_BAD / f"{bug}.py"), quick_items(spec, reveals), store)
+    assert found is not None, f"{bug} passes every revealing case"
+    case_id = found[0].split("/")[1].split("[")[0]
+    assert reveals(spec.by_id()[case_id]), f"{bug} was caught by {found[0]}, not a {needs}"
+
+
+def test_the_correct_numpy_backend_passes_the_revealing_cases(revealing):
+    from backends.numpy import NumpyBackend
+
+    failures = _failures(NumpyBackend(), *revealing)
+    assert not failures, "\n".join(failures)
+
+
+def test_a_planted_bug_fails_through_the_pytest_plugin():
+    case = "wo-ai-zhong-guo-cross-attention"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "spec/cases", "-p", "conformance.plugin",
+         "-p", "no:cacheprovider", "--backend", "tests/known_bad/wrong_scale.py:WrongScale",
+         "-k", case, "--dtype", "float32"], capture_output=True, text=True, cwd=ROOT,
+        timeout=300, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    out = done.stdout
+    assert done.returncode == 1, out[-3000:] + done.stderr[-3000:]
+    assert (f"worked_examples/{case}[Lq3-Lk4-D64-float32] failed on backend 'bad-wrong-scale', "
+            "dtype float32") in out
+    assert "op:     sdpa; inputs: q (3, 64), k (4, 64), v (4, 64); params: none" in out
+    assert "golden out: worst abs error" in out and "tolerance" in out
+    assert "2 failed" in out

@@ -1,0 +1,58 @@
+"""The spec itself: every file valid, ids unique, the worked examples present, golden current."""
+
+import re
+
+import pytest
+
+from conformance import golden
+from conformance.paths import CASES_DIR, GOLDEN_DIR
+from conformance.spec import load_spec
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_spec(CASES_DIR)
+
+
+def test_every_spec_file_is_valid(spec):
+    assert not spec.errors, "\n".join(map(str, spec.errors))
+
+
+def test_every_topic_matches_its_file_name(spec):
+    for case in spec.cases:
+        assert case.file.endswith(f"/{case.topic}.yaml"), case.where()
+
+
+def test_spec_is_broad(spec):
+    assert len(spec.cases) >= 60
+    ops = {case.op for case in spec.cases}
+    assert ops == {"softmax", "scores", "attention_weights", "sdpa", "self_attention",
+                   "multi_head_attention", "sdpa_vjp"}
+
+
+@pytest.mark.parametrize("example, pattern", [
+    (1, r"I saw a saw"), (2, r"alpha"), (3, r"recipe|Q K\^T V"), (4, r"sqrt|std"),
+    (5, r"SelfAttention"), (6, r"我是小狗"), (7, r"我爱中国"), (8, r"additive|bilinear"),
+    (9, r"multi-head"),
+])
+def test_each_worked_example_has_cases(spec, example, pattern):
+    sources = [c.source for c in spec.cases if c.topic == "worked_examples"]
+    assert any(re.search(pattern, s) for s in sources), f"worked example {example} missing"
+
+
+def test_case_descriptions_are_short_facts(spec):
+    for case in spec.cases:
+        assert len(case.description) <= 120 and not case.description.endswith("."), case.where()
+
+
+def test_golden_manifest_lists_exactly_the_golden_files():
+    listed = set(golden.read_manifest(GOLDEN_DIR))
+    present = {p.name for p in GOLDEN_DIR.glob("*.npz")}
+    assert listed == present
+    for name, digest in golden.read_manifest(GOLDEN_DIR).items():
+        assert golden.sha256(GOLDEN_DIR / name) == digest, name
+
+
+def test_golden_data_match_the_reference(spec):
+    problems = golden.check(spec.cases, GOLDEN_DIR)
+    assert not problems, "\n".join(problems[:20])
