@@ -317,10 +317,12 @@ class Bench:
     def __init__(self, args):
         self.args = args
         self.spec_dir = Path(args.spec).resolve()
+        self.tmp = Path(tempfile.mkdtemp(prefix="attention-bench-"))
+        if args.topics:
+            self.spec_dir = self.copy_spec(self.tmp / "spec-topics", args.topics)
         self.cases_dir = self.spec_dir / "cases"
         self.runner = Runner(self.spec_dir, args.timeout)
         self.extra = shlex.split(args.pytest_args or "")
-        self.tmp = Path(tempfile.mkdtemp(prefix="attention-bench-"))
         self.results = {"backends": {}, "memory": [], "growth": [], "long": {}}
 
     def close(self):
@@ -432,16 +434,30 @@ class Bench:
                                 "block": runs[0].get("block")})
 
     # -- growth with the number of cases -----------------------------------------
+    def copy_spec(self, dest: Path, topics=None) -> Path:
+        """A copy of the spec folder keeping only the case files of `topics` (all if None)."""
+        shutil.copytree(self.spec_dir, dest, ignore=shutil.ignore_patterns("__pycache__"))
+        if topics:
+            missing = [t for t in topics if not (dest / "cases" / f"{t}.yaml").exists()]
+            if missing:
+                raise SystemExit(f"bench: no case file for topic(s) {', '.join(missing)} in "
+                                 f"{self.spec_dir / 'cases'}")
+            for path in (dest / "cases").glob("*.yaml"):
+                if path.stem not in topics:
+                    path.unlink()
+        return dest
+
     def replicated_spec(self, factor) -> Path | None:
-        """A copy of the spec whose quick cases appear `factor` times (renamed)."""
+        """A copy of the spec (growth topics only) whose quick cases appear `factor`
+        times, renamed, with golden data regenerated for the copies."""
         import yaml
 
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         dest = self.tmp / f"spec-x{factor}"
         if dest.exists():
             return dest / "cases"
-        shutil.copytree(self.spec_dir, dest, ignore=shutil.ignore_patterns("__pycache__"))
-        for path in sorted(self.cases_dir.glob("*.yaml")):
+        self.copy_spec(dest, self.args.growth_topics)
+        for path in sorted((dest / "cases").glob("*.yaml")):
             document = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
             quick = [c for c in document.get("cases", []) if c.get("profile", "quick") == "quick"]
             for copy in range(2, factor + 1):
@@ -562,7 +578,8 @@ def render(results: dict, args) -> str:
     w(f"- YAML C loader (libyaml): {m.get('libyaml')}; PYTHONDONTWRITEBYTECODE="
       f"{m.get('PYTHONDONTWRITEBYTECODE')!r}; extra pytest args on every run: "
       f"`{args.pytest_args or '(none)'}`")
-    w(f"- spec: {results['spec']}, profile `{args.profile}`")
+    w(f"- spec: {results['spec']}, profile `{args.profile}`"
+      + (f", topics {', '.join(args.topics)}" if args.topics else ", every case file"))
     w("")
 
     summaries = results["summaries"]
@@ -652,7 +669,8 @@ def render(results: dict, args) -> str:
         w("")
 
     if results["growth"]:
-        w(f"## Cost against the number of cases ({args.growth_backend}, quick spec replicated)")
+        w(f"## Cost against the number of cases ({args.growth_backend}; the quick cases of"
+          f" {', '.join(args.growth_topics) or 'every topic'} replicated)")
         w("")
         w("| spec | items | conformance s | bare pytest s | ratio | conformance CPU s |"
           " bare CPU s | CPU ratio | conformance ms/item |")
@@ -667,13 +685,20 @@ def render(results: dict, args) -> str:
               f" {fmt(cc)} | {fmt(bc)} | {fmt(cc / bc if cc and bc else None)} |"
               f" {fmt(ms(c / g['items']) if c and g['items'] else None, 1)} |")
         w("")
-        fit = linear_fit([(n, c) for n, c, _ in points if c])
-        fit_bare = linear_fit([(n, b) for n, _, b in points if b])
-        if fit:
-            w(f"Least-squares line: conformance ≈ {fit[0]:.2f} s + {ms(fit[1]):.1f} ms × items"
-              + (f"; bare pytest ≈ {fit_bare[0]:.2f} s + {ms(fit_bare[1]):.2f} ms × items"
-                 if fit_bare else "") + ". The fixed part is startup, imports, spec loading and"
-              " validation; the slope is the cost of one more item.")
+        lines = []
+        for what, key, unit in (("wall", "", "s"), ("CPU", "_cpu", "CPU s")):
+            fit = linear_fit([(g["items"], median(g["conformance" + key]))
+                              for g in results["growth"] if median(g["conformance" + key])])
+            fit_bare = linear_fit([(g["items"], median(g["bare" + key]))
+                                   for g in results["growth"] if median(g["bare" + key])])
+            if fit:
+                lines.append(f"{what}: conformance ≈ {fit[0]:.2f} {unit} + {ms(fit[1]):.2f} ms"
+                             " × items" + (f"; bare pytest ≈ {fit_bare[0]:.2f} {unit} +"
+                                           f" {ms(fit_bare[1]):.2f} ms × items"
+                                           if fit_bare else ""))
+        if lines:
+            w("Least-squares lines — " + "; ".join(lines) + ". The fixed part is startup,"
+              " imports, spec loading and validation; the slope is the cost of one more item.")
             w("")
 
     if results["memory"]:
@@ -744,7 +769,7 @@ def csv(kind):
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backends", type=csv(str), default=list(BACKENDS),
+    p.add_argument("--backends", type=csv(str), default=",".join(BACKENDS),
                    help="comma-separated backends (default: %(default)s)")
     p.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
     p.add_argument("--spec", default=os.environ.get("ATTENTION_CONFORMANCE_SPEC", ROOT / "spec"),
@@ -758,19 +783,25 @@ def build_parser():
     p.add_argument("--pytest-args", default=DEFAULT_PYTEST_ARGS,
                    help="extra arguments for every pytest run, conformance and bare alike"
                         " (default: %(default)r; '' for none)")
-    p.add_argument("--lengths", type=csv(int), default=[2048, 4096, 8192, 16384],
+    p.add_argument("--lengths", type=csv(int), default="2048,4096,8192,16384",
                    help="sequence lengths of the reference memory runs")
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--memory-ops", type=csv(str), default=["sdpa", "sdpa_vjp"])
-    p.add_argument("--memory-modes", type=csv(str), default=["float64"],
+    p.add_argument("--memory-ops", type=csv(str), default="sdpa,sdpa_vjp",
+                   help="reference ops of the memory runs (default: %(default)s)")
+    p.add_argument("--memory-modes", type=csv(str), default="float64",
                    help="float64 (the golden) and/or a dtype: the rounded 'plain same-dtype'"
                         " computation that sets tolerances (golden of long cases runs both)")
     p.add_argument("--causal", default="both", choices=("both", "none", "top_left"))
     p.add_argument("--memory-repeat", type=int, default=None,
                    help="runs per reference measurement (default: --repeat)")
     p.add_argument("--no-memory", dest="memory", action="store_false")
-    p.add_argument("--growth-factors", type=csv(int), default=[1, 2, 4],
-                   help="replicate the quick spec this many times (cost against cases)")
+    p.add_argument("--topics", type=csv(str), default=None,
+                   help="run only these case files (topics) in the timed runs (default all)")
+    p.add_argument("--growth-factors", type=csv(int), default="1,4,16",
+                   help="replicate the growth topics' quick cases this many times")
+    p.add_argument("--growth-topics", type=csv(str), default=None,
+                   help="case files replicated for the growth runs (default"
+                        " worked_examples if present, else every file)")
     p.add_argument("--growth-backend", default="numpy")
     p.add_argument("--no-growth", dest="growth", action="store_false")
     p.add_argument("--no-xdist", dest="xdist", action="store_false")
@@ -789,6 +820,10 @@ def main(argv=None) -> int:
         args.workers = None
     if args.memory_repeat is None:
         args.memory_repeat = args.repeat
+    if args.growth_topics is None:
+        spec = Path(args.spec)
+        args.growth_topics = ["worked_examples"] if \
+            (spec / "cases" / "worked_examples.yaml").exists() else []
     unknown = [b for b in args.backends if b not in BACKENDS and ":" not in b]
     if unknown:
         log(f"not a built-in backend (running it anyway, no framework import line): {unknown}")

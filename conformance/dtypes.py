@@ -35,5 +35,6 @@ def dtype_name(dtype) -> str | None:
 
 
 def round_to(x, name: str) -> np.ndarray:
-    """x rounded to dtype `name`, returned as float64."""
-    return np.asarray(x).astype(NUMPY_DTYPES[name]).astype(np.float64)
+    """x rounded to dtype `name`, returned as float64 (beyond its range: +-inf, as a cast)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x).astype(NUMPY_DTYPES[name]).astype(np.float64)

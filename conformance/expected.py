@@ -16,7 +16,10 @@ with --expected-failures) lists entries:
 
 A matching test is an expected failure. Strict entries (the default) fail the run when
 the test passes, saying the entry is stale; `strict: false` is for a broad finding that
-some insensitive cases cannot see. An entry that matches no test at all gets a warning.
+some insensitive cases cannot see. An entry with a `message` is judged after the run:
+a matching test that fails with that text in its message is an expected failure, any
+other outcome counts as it is. An entry that matches no test before the run (and, with a
+message, no failure) gets a warning.
 """
 
 from __future__ import annotations
@@ -53,8 +56,17 @@ class ExpectedFailures:
     entries: list = field(default_factory=list)
 
     def find(self, test_id: str, op: str = "", dtype: str = "") -> Entry | None:
+        """The entry that marks a test as expected to fail before it runs."""
         for entry in self.entries:
-            if entry.matches(test_id, op, dtype):
+            if not entry.message and entry.matches(test_id, op, dtype):
+                entry.used += 1
+                return entry
+        return None
+
+    def find_by_message(self, test_id: str, op: str, dtype: str, failure: str) -> Entry | None:
+        """The entry that names a failed test and the failure's message, if any."""
+        for entry in self.entries:
+            if entry.message and entry.message in failure and entry.matches(test_id, op, dtype):
                 entry.used += 1
                 return entry
         return None

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from .dtypes import numpy_dtype, round_to
+from .dtypes import UNIT_ROUNDOFF, numpy_dtype, round_to
 
 DEFAULT_POLICIES = {
     "fully_masked_rows": "zeros",
@@ -82,7 +82,7 @@ def _policies(policies):
 # --- softmax and scores ---------------------------------------------------------------
 
 def softmax(x, axis=-1):
-    x = _f64(x)
+    x = _one_rounding_off(_f64(x))
     with np.errstate(invalid="ignore", over="ignore"):
         e = _r(np.exp(_r(x - np.max(x, axis=axis, keepdims=True))))
         return _r(e / _sum(e, axis))
@@ -154,7 +154,27 @@ def _logits(q, k, *, scale, softcap, bias):
         s = _r(softcap * _r(np.tanh(_r(s / softcap))))
     if bias is not None:
         s = _r(s + bias)
-    return s
+    if _ROUNDING.get() is None:
+        return s
+    magnitude = np.matmul(np.abs(q), np.swapaxes(np.abs(k), -1, -2)) * abs(scale)
+    return _one_rounding_off(s, magnitude)
+
+
+def _one_rounding_off(s, magnitude=0.0):
+    """Under rounded_to, move each logit by one unit in the last place of its error bound.
+
+    A logit q.k is a sum of products: an implementation that scales q and k first, sums
+    in another order or caps it rounds at sum |q_i k_i| and at |s|, even where the plain
+    computation happens to be exact (integer inputs). Each logit moves by one ulp of
+    |s| + magnitude, with fixed random signs.
+    """
+    dtype = _ROUNDING.get()
+    if dtype is None or s.size == 0:
+        return s
+    signs = np.random.RandomState(0).randint(0, 2, size=s.shape) * 2.0 - 1.0
+    with np.errstate(invalid="ignore"):
+        bound = np.where(np.isfinite(s), np.abs(s) + magnitude, 0.0)
+        return _r(s + 2.0 * UNIT_ROUNDOFF[dtype] * signs * bound)
 
 
 def _weights(s, keep, policy):
@@ -283,6 +303,8 @@ def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
         g = d_out[..., rows, :]
         dv += _r(_mm(np.swapaxes(p, -1, -2), g))
         dp = _matmul_t(g, v)
+        if _ROUNDING.get() is not None:
+            dp = _one_rounding_off(dp, np.matmul(np.abs(g), np.swapaxes(np.abs(v), -1, -2)))
         ds = _r(p * _r(dp - _sum(_r(dp * p), -1)))
         ds = np.where(keep, ds, 0.0)
         if softcap is not None:

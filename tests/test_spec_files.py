@@ -56,3 +56,11 @@ def test_golden_manifest_lists_exactly_the_golden_files():
 def test_golden_data_match_the_reference(spec):
     problems = golden.check(spec.cases, GOLDEN_DIR)
     assert not problems, "\n".join(problems[:20])
+
+
+def test_coverage_table_names_only_existing_cases(spec):
+    text = (CASES_DIR.parent / "README.md").read_text()
+    ids = {f"{c.topic}/{c.id}" for c in spec.cases}
+    for ref in re.findall(r"`([a-z_]+/[a-z0-9*.-]+)`", text):
+        pattern = re.compile(re.escape(ref).replace(r"\*", ".*") + "$")
+        assert any(pattern.match(i) for i in ids), f"spec/README.md names {ref}, which matches no case"
