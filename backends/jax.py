@@ -30,14 +30,14 @@ without which JAX silently computes float64 inputs in float32.
 Composed ops compute float16/bfloat16 in float32 (as the native op does for its
 logits) and round once to the input dtype. Jitted functions are module-level with
 static parameters, so repeated calls with the same shapes and dtypes do not retrace;
-float16 native paths run eagerly on CPU (see ``_EAGER_DTYPES``).
+float16 on the native paths is unsupported on CPU (see ``_JIT_UNSUPPORTED_ON_CPU``).
 
 Known differences of the native op from the specification (jax 0.10.2, CPU):
 - its softmax always runs in float32, so float64 sdpa/sdpa_vjp/self_attention/MHA
   are only float32-accurate (relative error ~1e-7);
 - it masks with a finite -0.7*max, not -inf: when a row's allowed keys all carry a
   -inf bias, the masked-out keys get the weight (1/number masked), not 0;
-- under jax.jit it fails for float16 on CPU (see ``_EAGER_DTYPES``);
+- under jax.jit it fails for float16 on CPU (see ``_JIT_UNSUPPORTED_ON_CPU``);
 - it rejects Dv != Dk (worked around here by exact zero-padding).
 """
 
@@ -216,9 +216,10 @@ def _sdpa_fn(q, k, v, mask, bias, *, causal, scale, softcap, window):
 
 # Under jax.jit, the native op fails for float16 on CPU: it asks dot_general for
 # precision F16_F16_F32, which the CPU backend rejects, and its try/except fallback
-# to the default precision only catches that error when ops run eagerly. So the
-# native paths run float16 eagerly on CPU (correct, but ~25 ms a call, not ~0.1 ms).
-_EAGER_DTYPES = frozenset({"float16"})
+# to the default precision only catches that error when ops run eagerly. Eagerly, XLA
+# compiles every primitive for every new shape (seconds a call on 2 cores), which makes
+# a certification run take hours; so float16 on the native paths is unsupported on CPU.
+_JIT_UNSUPPORTED_ON_CPU = frozenset({"float16"})
 
 
 def _jit(*static):
@@ -233,7 +234,13 @@ def _jit(*static):
 
 
 def _eager(x):
-    return x.dtype.name in _EAGER_DTYPES and jax.default_backend() == "cpu"
+    """Whether to run eagerly: never; a dtype jax.jit cannot compile here is unsupported."""
+    if x.dtype.name in _JIT_UNSUPPORTED_ON_CPU and jax.default_backend() == "cpu":
+        raise NotImplementedError(
+            f"{x.dtype.name}: jax.jit(jax.nn.dot_product_attention) fails on XLA CPU "
+            "(dot_general precision F16_F16_F32 is not supported); its eager fallback "
+            "compiles every primitive per shape")
+    return False
 
 
 _STATIC = ("causal", "scale", "softcap", "window")

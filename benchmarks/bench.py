@@ -39,6 +39,7 @@ import re
 import resource
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -338,7 +339,11 @@ class Bench:
         env = None
         if cases_dir is not None:
             env = dict(self.runner.env, ATTENTION_CONFORMANCE_SPEC=str(Path(cases_dir).parent))
-        wall, rc, out = self.runner.run(args, env=env)
+        for attempt in range(2):
+            wall, rc, out = self.runner.run(args, env=env)
+            if rc is None or rc >= 0:
+                break
+            log(f"{name}: the run was killed by signal {-rc}; running it again")
         counts = parse_summary(out)
         report = read_report(report_dir, name)
         run = {"wall": wall, "cpu": self.runner.cpu, "rc": rc, "counts": counts,
@@ -378,6 +383,7 @@ class Bench:
         a = self.args
         r = {"framework_import": [], "backend_load": [], "collect": [], "serial": [],
              "bare": [], "bare_cpu": [], "xdist": []}
+        self.results["backends"][name] = r      # partial figures survive an interruption
         module = FRAMEWORK.get(name)
         if module and importlib.util.find_spec(module) is None:
             log(f"{name}: {module} is not installed; skipped")
@@ -838,6 +844,10 @@ def main(argv=None) -> int:
     if args.workers and importlib.util.find_spec("xdist") is None:
         log("pytest-xdist is not installed: the xdist runs are skipped")
         args.workers = None
+    def terminate(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         for name in args.backends:
             results["backends"][name] = bench.backend(name)
