@@ -305,7 +305,10 @@ def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
         dp = _matmul_t(g, v)
         if _ROUNDING.get() is not None:
             dp = _one_rounding_off(dp, np.matmul(np.abs(g), np.swapaxes(np.abs(v), -1, -2)))
-        ds = _r(p * _r(dp - _sum(_r(dp * p), -1)))
+        row = _sum(_r(dp * p), -1)
+        ds = _r(p * _r(dp - row))
+        if _ROUNDING.get() is not None:
+            ds = _one_rounding_off(ds, p * (np.abs(dp) + np.abs(row)))
         ds = np.where(keep, ds, 0.0)
         if softcap is not None:
             raw = _logits(q[..., rows, :], k, scale=scale, softcap=None, bias=None)
