@@ -401,6 +401,10 @@ class Bench:
                 r["failed"] = run["error"]
                 return r
             r["serial"].append(run)
+            if not run["items"]:
+                log(f"{name}: the run selected no test items; nothing more to time")
+                r["failed"] = "no test items"
+                return r
             if a.collect:
                 r["collect"].append(self.collect_only(name))
             wall, cpu = self.bare(run["items"])
