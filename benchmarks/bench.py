@@ -462,13 +462,12 @@ class Bench:
         times, renamed, with golden data regenerated for the copies."""
         import yaml
 
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         dest = self.tmp / f"spec-x{factor}"
         if dest.exists():
             return dest / "cases"
         self.copy_spec(dest, self.args.growth_topics)
         for path in sorted((dest / "cases").glob("*.yaml")):
-            document = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+            document = yaml.safe_load(path.read_text(encoding="utf-8"))
             quick = [c for c in document.get("cases", []) if c.get("profile", "quick") == "quick"]
             for copy in range(2, factor + 1):
                 if not quick:
