@@ -40,10 +40,26 @@ def entry_key(case_id, variant, dtype, policy=None) -> str:
     return "/".join(parts)
 
 
+_GENERATED: dict = {}
+
+
+def generated_inputs(case, variant) -> dict[str, np.ndarray]:
+    """The case's float64 inputs, generated once per variant (read-only, shared by dtypes)."""
+    key = (repr(case.inputs), repr(variant.dims))
+    if key not in _GENERATED:
+        if len(_GENERATED) >= 256:
+            _GENERATED.clear()
+        arrays = build_inputs(case.inputs, variant.dims)
+        for array in arrays.values():
+            array.setflags(write=False)
+        _GENERATED[key] = arrays
+    return _GENERATED[key]
+
+
 def rounded_inputs(case, variant, dtype) -> dict[str, np.ndarray]:
     """The case's inputs as the backend sees them, in float64 (bool masks unchanged)."""
-    arrays = build_inputs(case.inputs, variant.dims)
-    return {n: a if a.dtype == bool else round_to(a, dtype) for n, a in arrays.items()}
+    arrays = generated_inputs(case, variant)
+    return {n: a.copy() if a.dtype == bool else round_to(a, dtype) for n, a in arrays.items()}
 
 
 def golden_entries(case):
