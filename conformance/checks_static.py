@@ -58,8 +58,7 @@ def _attention_shapes(q, k, v, mask, bias):
     score = batch + (q[-2], k[-2])
     for name, shape in (("mask", mask), ("bias", bias)):
         if shape is not None:
-            _bcast(shape, score, what=f"{name} against scores {score}")
-            if len(_bcast(shape, score, what=name)) != len(score):
+            if len(_bcast(shape, score, what=f"{name} against scores {score}")) != len(score):
                 raise ValueError(f"{name} {shape} has more dims than the scores {score}")
     if v is None:
         return score, score
