@@ -36,5 +36,8 @@ def dtype_name(dtype) -> str | None:
 
 def round_to(x, name: str) -> np.ndarray:
     """x rounded to dtype `name`, returned as float64 (beyond its range: +-inf, as a cast)."""
+    x = np.asarray(x)
+    if name == "float64":
+        return x.astype(np.float64)
     with np.errstate(over="ignore"):
-        return np.asarray(x).astype(NUMPY_DTYPES[name]).astype(np.float64)
+        return x.astype(NUMPY_DTYPES[name]).astype(np.float64)

@@ -34,18 +34,28 @@ def _values(spec):
     return array
 
 
+_RNG = np.random.RandomState()
+
+
+def _seeded(seed) -> np.random.RandomState:
+    """The legacy stream of `seed`: reseeding one RandomState gives exactly the draws of
+    RandomState(seed), at a fiftieth of the cost of constructing one."""
+    _RNG.seed(seed)
+    return _RNG
+
+
 def _normal(g, dims):
-    rng = np.random.RandomState(g["seed"])
+    rng = _seeded(g["seed"])
     return g.get("mean", 0.0) + g.get("std", 1.0) * rng.standard_normal(_shape(g["shape"], dims))
 
 
 def _uniform(g, dims):
-    rng = np.random.RandomState(g["seed"])
+    rng = _seeded(g["seed"])
     return rng.uniform(g.get("low", 0.0), g.get("high", 1.0), _shape(g["shape"], dims))
 
 
 def _bernoulli(g, dims):
-    rng = np.random.RandomState(g["seed"])
+    rng = _seeded(g["seed"])
     keep = rng.random_sample(_shape(g["shape"], dims)) < g["p"]
     if g.get("keep_first"):
         keep[..., 0] = True   # every query keeps key 0, so no row is fully masked

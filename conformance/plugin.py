@@ -52,7 +52,7 @@ class State:
         self.info = describe(self.backend)
         cases_dir = Path(config.getoption("spec_dir") or CASES_DIR).resolve()
         self.cases_dir = cases_dir
-        self.spec = load_spec(cases_dir)
+        self.spec = load_spec(cases_dir, cache=True)
         self.golden = GoldenStore(cases_dir.parent / "golden")
         self.expected = expected_for(self.backend, config.getoption("expected_failures"))
         self.log = ResultLog(self.info, self.spec, spec_dir=cases_dir.parent,

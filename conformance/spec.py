@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import spec_cache
 from .paths import SPEC_DIR, TOLERANCES_FILE
 from .spec_schema import schema_errors, schema_validator
 from .spec_yaml import LineDict, SpecError, parse_yaml
@@ -92,13 +93,14 @@ def _duplicate_errors(duplicates, raw_cases, name) -> list[tuple[int | None, Spe
     return found
 
 
-def _case(raw, topic, name) -> Case:
+def _case(raw, topic, name, line=None) -> Case:
     return Case(
         id=raw["id"], topic=topic, description=raw["description"],
         source=raw["source"], op=raw["op"], inputs=_plain(raw["inputs"]),
         params=_plain(raw.get("params", {})), dtypes=tuple(raw["dtypes"]),
         expect=_plain(raw["expect"]), variants=_variants(raw),
-        profile=raw.get("profile", "quick"), file=name, line=raw.line, raw=raw)
+        profile=raw.get("profile", "quick"), file=name,
+        line=raw.line if line is None else line, raw=raw)
 
 
 def load_file(path: Path, relative_to: Path | None = None,
@@ -163,8 +165,20 @@ def _admit(spec: Spec, case: Case, seen: dict, check_case) -> None:
         spec.cases.append(case)
 
 
-def load_spec(cases_dir: Path | None = None, *, check=True) -> Spec:
-    """Every case under a cases folder, with every problem found (nothing is raised)."""
+def _from_cache(path: Path, name: str, key: str) -> list[Case] | None:
+    stored = spec_cache.read(key)
+    if stored is None:
+        return None
+    return [_case(entry["data"], stored["topic"], name, entry["line"])
+            for entry in stored["cases"]]
+
+
+def load_spec(cases_dir: Path | None = None, *, check=True, cache=False) -> Spec:
+    """Every case under a cases folder, with every problem found (nothing is raised).
+
+    cache: take files that validated cleanly before, unchanged, from spec_cache
+    (the pytest plugin does; `attention-conformance validate` and the tests do not).
+    """
     from .checks_static import static_errors
 
     cases_dir = Path(cases_dir or SPEC_DIR / "cases")
@@ -181,11 +195,27 @@ def load_spec(cases_dir: Path | None = None, *, check=True) -> Spec:
         else (lambda case: [])
     spec, seen = Spec([], errors), {}
     for path in sorted(cases_dir.glob("*.yaml")):
+        key = _cache_key(path, schema, known_dtypes) if cache and check else None
+        cached = key and _from_cache(path, _file_name(path, root), key)
+        if cached:
+            for case in cached:
+                _admit(spec, case, seen, lambda case: [])
+            continue
         try:
             cases, file_errors = load_file(path, root, schema)
         except (OSError, ValueError) as exc:       # the schema itself is unreadable
             return Spec([], errors + [SpecError(schema, 0, None, f"cannot read schema: {exc}")])
         spec.errors += file_errors
+        before = len(spec.errors)
         for case in cases:
             _admit(spec, case, seen, check_case)
+        if key and cases and not file_errors and len(spec.errors) == before:
+            spec_cache.write(key, cases[0].topic, [(c.line, _plain(c.raw)) for c in cases])
     return spec
+
+
+def _cache_key(path: Path, schema: Path, known_dtypes) -> str | None:
+    try:
+        return spec_cache.file_key(path.read_bytes(), schema, known_dtypes)
+    except OSError:
+        return None

@@ -11,8 +11,6 @@ import functools
 import json
 from pathlib import Path
 
-from jsonschema import Draft202012Validator
-
 from .interface import POLICIES
 from .paths import SPEC_DIR
 from .spec_yaml import SpecError
@@ -21,7 +19,10 @@ _SINGULAR = {"dtypes": "dtype", "properties": "property", "cases": "case"}
 
 
 @functools.cache
-def schema_validator(path: Path = SPEC_DIR / "schema.json") -> Draft202012Validator:
+def schema_validator(path: Path = SPEC_DIR / "schema.json"):
+    """A Draft 2020-12 validator (jsonschema is imported only when a file is validated)."""
+    from jsonschema import Draft202012Validator
+
     return Draft202012Validator(json.loads(Path(path).read_text(encoding="utf-8")))
 
 

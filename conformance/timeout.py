@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 
@@ -11,21 +10,26 @@ class CaseTimeout(AssertionError):
     """The backend did not return within the case time limit."""
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    usable = seconds and hasattr(signal, "setitimer") and \
-        threading.current_thread() is threading.main_thread()
-    if not usable:
-        yield
-        return
+class time_limit:
+    """``with time_limit(seconds):`` raises CaseTimeout in the block after `seconds`
+    (SIGALRM; no limit for 0, off the main thread, or where there is no setitimer)."""
 
-    def expire(signum, frame):
-        raise CaseTimeout(f"the backend did not return within {seconds:g} s (--case-timeout)")
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.usable = bool(seconds) and hasattr(signal, "setitimer") and \
+            threading.current_thread() is threading.main_thread()
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    def _expire(self, signum, frame):
+        raise CaseTimeout(f"the backend did not return within {self.seconds:g} s (--case-timeout)")
+
+    def __enter__(self):
+        if self.usable:
+            self.previous = signal.signal(signal.SIGALRM, self._expire)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def __exit__(self, *exc):
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+        return False
