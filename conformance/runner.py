@@ -166,6 +166,10 @@ def _collect(result, check, *args):
 
 def worst_error(actual: np.ndarray, expected: np.ndarray):
     """(largest abs error, its index) over finite positions; NaN/inf must match exactly."""
+    if actual.size and np.isfinite(actual).all() and np.isfinite(expected).all():
+        diff = np.abs(actual - expected)
+        index = np.unravel_index(int(np.argmax(diff)), diff.shape)
+        return float(diff[index]), tuple(int(i) for i in index), ""
     nan_a, nan_e = np.isnan(actual), np.isnan(expected)
     if not np.array_equal(nan_a, nan_e):
         where = np.argwhere(nan_a != nan_e)[0]
