@@ -5,9 +5,10 @@ has one), every output and the error of the plain same-dtype computation that se
 tolerance. The arrays are packed into two members, ``values`` (every array flattened
 and concatenated, float64) and ``index`` (JSON text as bytes: each array's name,
 offset and shape), so that a topic loads with two reads instead of one per array;
-``load_topic`` unpacks them into named read-only views. SHA256SUMS lists every file's hash; a file that is missing or does not match
-its hash fails the cases that need it, with that reason. Files are written with fixed
-zip timestamps, so regenerating unchanged data changes no byte.
+``load_topic`` unpacks them into named read-only views. SHA256SUMS lists every file's
+hash; a file that is missing or does not match its hash fails the cases that need it,
+with that reason. Files are written with fixed zip timestamps, so regenerating
+unchanged data changes no byte.
 """
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ def _admit(spec: Spec, case: Case, seen: dict, check_case) -> None:
         spec.cases.append(case)
 
 
-def _from_cache(path: Path, name: str, key: str) -> list[Case] | None:
+def _from_cache(name: str, key: str) -> list[Case] | None:
     stored = spec_cache.read(key)
     if stored is None:
         return None
@@ -196,7 +196,7 @@ def load_spec(cases_dir: Path | None = None, *, check=True, cache=False) -> Spec
     spec, seen = Spec([], errors), {}
     for path in sorted(cases_dir.glob("*.yaml")):
         key = _cache_key(path, schema, known_dtypes) if cache and check else None
-        cached = key and _from_cache(path, _file_name(path, root), key)
+        cached = key and _from_cache(_file_name(path, root), key)
         if cached:
             for case in cached:
                 _admit(spec, case, seen, lambda case: [])

@@ -106,3 +106,29 @@ def test_other_expectations_are_still_checked(frozen, monkeypatch):
     lines = failure(case, directory).splitlines()
     assert lines[0].startswith("golden data: golden file") and "is missing" in lines[0]
     assert lines[1].startswith("property finite: out holds")
+
+
+def test_regenerating_unchanged_data_changes_no_byte(frozen):
+    """Arrays the reference reproduces within 1e-12 are kept as frozen, so another
+    machine's BLAS (~1e-16 apart) does not rewrite the golden files."""
+    case, directory = frozen
+    path = directory / "tiny.npz"
+    data = golden.load_topic(directory, "tiny")
+    [key] = [k for k in data if k.endswith("/out")]
+    nudged = dict(data, **{key: data[key] * (1 + 1e-15)})
+    golden.write_topic(path, nudged)
+    golden.write_manifest(directory)
+    before = path.read_bytes()
+    assert golden.regenerate([case], directory) == []
+    assert path.read_bytes() == before
+    nudged[key] = data[key] * (1 + 1e-9)              # a real change is written
+    golden.write_topic(path, nudged)
+    assert [k for k, _ in golden.regenerate([case], directory)] == [key]
+
+
+def test_a_packed_topic_unpacks_to_every_array(frozen):
+    case, directory = frozen
+    data = golden.load_topic(directory, "tiny")
+    fresh = golden.compute_case(case)
+    assert sorted(data) == sorted(fresh)
+    assert all(data[k].shape == fresh[k].shape and not data[k].flags.writeable for k in data)
