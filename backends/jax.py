@@ -36,7 +36,7 @@ Known differences of the native op from the specification (jax 0.10.2, CPU):
   are only float32-accurate (relative error ~1e-7);
 - it masks with a finite -0.7*max, not -inf: when a row's allowed keys all carry a
   -inf bias, the masked-out keys get the weight (1/number masked), not 0;
-- under jax.jit it fails for float16 on CPU (see ``_jit``);
+- under jax.jit it fails for float16 on CPU (see the comment above the jitted entries);
 - it rejects Dv != Dk (worked around here by exact zero-padding).
 """
 
@@ -221,17 +221,12 @@ def _sdpa_fn(q, k, v, mask, bias, *, causal, scale, softcap, window):
 # message (backends/expected_failures/jax.yaml), not strict: a platform whose lowering
 # accepts F16_F16_F32 (GPUs, by the error text; not run here) passes them.
 
-
-def _jit(*static):
-    return partial(jax.jit, static_argnames=static)
-
-
 _STATIC = ("causal", "scale", "softcap", "window")
 
 _sdpa = jax.jit(_sdpa_fn, static_argnames=_STATIC)
 
 
-@_jit(*_STATIC)
+@partial(jax.jit, static_argnames=_STATIC)
 def _sdpa_vjp(q, k, v, d_out, mask, bias, *, causal, scale, softcap, window):
     params = dict(causal=causal, scale=scale, softcap=softcap, window=window)
     out, pullback = jax.vjp(lambda q, k, v: _sdpa_fn(q, k, v, mask, bias, **params),
@@ -269,14 +264,14 @@ def _scores(q, k, w, u, v, *, kind, scale):
     return s.astype(dtype)
 
 
-@_jit("causal")
+@partial(jax.jit, static_argnames=("causal",))
 def _self_attention(x, w_q, w_k, w_v, mask, *, causal):
     scale = 1.0 / math.sqrt(w_k.shape[1])
     return _sdpa_fn(x @ w_q, x @ w_k, x @ w_v, mask, None, causal=causal, scale=scale,
                     softcap=None, window=None)
 
 
-@_jit("num_heads", "num_kv_heads", "causal")
+@partial(jax.jit, static_argnames=("num_heads", "num_kv_heads", "causal"))
 def _mha(query, key, value, w_q, w_k, w_v, w_o, mask, *, num_heads, num_kv_heads,
          causal):
     mask_batch = () if mask is None else mask.shape[:-3]
