@@ -1,6 +1,6 @@
 """Golden data for other projects' tests: a case's inputs, params and expected outputs.
 
-    from conformance.api import load_case
+    from attention_conformance.api import load_case
 
     case = load_case("wo-shi-xiao-gou-causal-first-row")
     args, kwargs = case.arguments("float32")          # positional inputs, keywords + params
@@ -25,7 +25,7 @@ from .golden import GoldenStore, golden_entries, rounded_inputs
 from .interface import OPERATIONS, OUTPUTS
 from .paths import CASES_DIR
 from .runner import cast_inputs, worst_error
-from .spec import Case, load_spec
+from .spec_loader import Case, load_spec
 from .tolerances import load_tolerances
 
 

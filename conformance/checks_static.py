@@ -185,7 +185,7 @@ def static_errors(case, known_dtypes=None, tolerance_file="spec/tolerances.yaml"
 
     known_dtypes: the dtypes with a tolerance (default: those of spec/tolerances.yaml).
     """
-    from .spec import SpecError
+    from .spec_loader import SpecError
     from .tolerances import load_tolerances
 
     problems = _check_names(case)

@@ -1,4 +1,4 @@
-"""The command line: attention-conformance (also python -m conformance).
+"""The command line: attention-conformance (also python -m attention_conformance).
 
 Commands: certify, list, validate, golden check|regenerate, export, report, fuzz.
 docs/cli.md documents each of them.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import golden
 from .paths import CASES_DIR, GOLDEN_DIR
-from .spec import load_spec
+from .spec_loader import load_spec
 
 _DTYPES = ("float64", "float32", "float16", "bfloat16")
 
@@ -153,13 +153,13 @@ def _plugin_autoloads() -> bool:
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         return False
     from importlib.metadata import entry_points
-    return any(ep.value == "conformance.plugin" for ep in entry_points(group="pytest11"))
+    return any(ep.value == "attention_conformance.plugin" for ep in entry_points(group="pytest11"))
 
 
 def certify_argv(args, passthrough) -> list[str]:
     """The pytest command line that certify runs."""
     cases_dir = _cases_dir(args)
-    argv = [] if _plugin_autoloads() else ["-p", "conformance.plugin"]
+    argv = [] if _plugin_autoloads() else ["-p", "attention_conformance.plugin"]
     # this process imported conformance before pytest could mark it for assertion
     # rewriting; the plugin asserts nothing, so pytest's warning about it is noise
     argv += ["-W", "ignore:Module already imported so cannot be rewritten"

@@ -12,7 +12,7 @@ declared ``fully_masked_rows`` policy.
 On a failure, Hypothesis shrinks the case to a small one, and :func:`case_yaml` prints it
 as a YAML case ready to paste into a spec file.
 
-    from conformance.fuzz import fuzz
+    from attention_conformance.fuzz import fuzz
     report = fuzz(backend, examples=200, seed=1)
     if report.failure:
         print(report.failure.yaml)
@@ -36,7 +36,7 @@ from .inputs import build_inputs
 from .interface import DTYPES
 from .reference import allowed_keys
 from .runner import CheckFailure, Unsupported, run_case
-from .spec import load_file
+from .spec_loader import load_file
 
 OPS = ("sdpa", "attention_weights", "sdpa_vjp")
 FULLY_MASKED = {"fully_masked_rows": {"zeros": {"golden": True}, "uniform": {"golden": True},

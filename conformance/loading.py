@@ -8,7 +8,7 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from backends import BUILTIN
+from .backends import BUILTIN
 
 ENTRY_POINT_GROUP = "attention_conformance.backends"
 

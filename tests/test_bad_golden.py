@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from backends.numpy import NumpyBackend
-from conformance import golden
-from conformance.runner import CheckFailure, run_case
-from conformance.spec import load_spec
+from attention_conformance.backends.numpy import NumpyBackend
+from attention_conformance import golden
+from attention_conformance.runner import CheckFailure, run_case
+from attention_conformance.spec_loader import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

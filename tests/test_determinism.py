@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance import reference
-from conformance.golden import rounded_inputs
-from conformance.interface import OUTPUTS
-from conformance.spec import load_spec
-from conformance.statistics import STATISTICS
+from attention_conformance import reference
+from attention_conformance.golden import rounded_inputs
+from attention_conformance.interface import OUTPUTS
+from attention_conformance.spec_loader import load_spec
+from attention_conformance.statistics import STATISTICS
 
 ROOT = Path(__file__).resolve().parent.parent
 DETERMINISM = ROOT / "tests" / "determinism"

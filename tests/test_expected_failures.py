@@ -6,13 +6,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conformance import golden
+from attention_conformance import golden
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "worked_examples/wo-shi-xiao-gou-first-output-is-v0"
 
 ADAPTER = '''
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class SkipsScale(NumpyBackend):

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from conformance import spec_cache
-from conformance.paths import CASES_DIR
-from conformance.spec import load_spec
+from attention_conformance import spec_cache
+from attention_conformance.paths import CASES_DIR
+from attention_conformance.spec_loader import load_spec
 
 GOOD = """\
 topic: tiny

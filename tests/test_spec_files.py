@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from conformance import golden
-from conformance.paths import CASES_DIR, GOLDEN_DIR
-from conformance.spec import load_spec
+from attention_conformance import golden
+from attention_conformance.paths import CASES_DIR, GOLDEN_DIR
+from attention_conformance.spec_loader import load_spec
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import re
 
-from backends import numpy as numpy_backend
-from backends.numpy import NumpyBackend
-from conformance.interface import OPERATIONS
+from attention_conformance.backends import numpy as numpy_backend
+from attention_conformance.backends.numpy import NumpyBackend
+from attention_conformance.interface import OPERATIONS
 
 
 class Planted(NumpyBackend):
