@@ -28,7 +28,9 @@ def summary_lines(log) -> list[str]:
     data = log.as_dict()
     totals = data["totals"]
     lines = ["", f"attention-conformance: backend {data['backend']['name']!r}, "
-             f"{data['cases']} cases in spec {data['spec_hash']}"]
+             f"{data.get('profile_cases', data['cases'])} cases of the "
+             f"{data.get('selection', {}).get('profile') or 'quick'} profile "
+             f"(of {data['cases']}) in spec {data['spec_hash']}"]
     lines.append("  " + ", ".join(f"{totals.get(c, 0)} {c}" for c in _COLUMNS))
     worst = data["worst_error_over_tolerance"]
     if worst:
