@@ -196,18 +196,28 @@ class Tiled:
 
     # ------------------------------------------------------------------ forward
 
-    def _forward_rows(self, st, i0, i1, start=0, stop=None):
+    def _initial_max(self):
+        return _NEG_INF
+
+    def _forward_rows(self, st, i0, i1, start=0, stop=None, finish=None):
         """(out, lse) of query rows [i0, i1) over keys [start, stop)."""
         q_t = st["q"][..., i0:i1, :]
         batch = q_t.shape[:-1]
-        m = np.full(batch, _NEG_INF, dtype=st["ct"])
+        m = np.full(batch, self._initial_max(), dtype=st["ct"])
         l = np.zeros(batch, dtype=st["ct"])
         acc = np.zeros(batch + (st["v"].shape[-1],), dtype=st["ct"])
         for j0, j1 in self._key_tiles(i0, i1, st["lq"], st["lk"], st["causal"], st["window"],
                                       start, stop):
             s, _ = self._logits(st, q_t, st["k"][..., j0:j1, :], i0, i1, j0, j1)
             m, l, acc = self._online_update(m, l, acc, s, st["v"][..., j0:j1, :], st)
+        return (finish or self._finish)(m, l, acc)
+
+    def _finish_chunk(self, m, l, acc):
+        """(out, lse) of one split-KV chunk (an empty chunk: 0 and -inf)."""
         return self._finish(m, l, acc)
+
+    def _split_part(self, st, start, stop):
+        return self._forward_rows(st, 0, 1, start, stop, finish=self._finish_chunk)
 
     def _merge(self, outs, lses):
         """Split-KV merge: out = sum_c exp(lse_c - lse) out_c, lse = log sum_c exp(lse_c)."""
@@ -223,7 +233,7 @@ class Tiled:
         """(out, lse) of every query row: tile by tile, or split-KV for one query."""
         lq, lk = st["lq"], st["lk"]
         if lq == 1 and lk > self.split_k:
-            parts = [self._forward_rows(st, 0, 1, c, min(c + self.split_k, lk))
+            parts = [self._split_part(st, c, min(c + self.split_k, lk))
                      for c in range(0, lk, self.split_k)]
             return self._merge(*zip(*parts))
         parts = [self._forward_rows(st, i0, min(i0 + self.block_q, lq))
@@ -234,21 +244,23 @@ class Tiled:
 
     # ------------------------------------------------------------------ backward
 
+    def _recompute_p(self, s, lse):
+        """P = exp(s - lse) of one tile; 0 on rows without keys (lse = -inf)."""
+        return np.where(np.isneginf(lse[..., None]), 0, np.exp(s - self._safe(lse)[..., None]))
+
     def _backward(self, st, out, lse, d_out):
         """FA2 backward: (dq, dk, dv) of the broadcast, head-expanded, padded inputs."""
         q, k, v = st["q"], st["k"], st["v"]
         o = out.astype(st["dt"]).astype(st["ct"])     # the output as the kernel stored it
         d = np.sum(d_out * o, axis=-1)
         dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-        lse_safe = self._safe(lse)
         for j0 in range(0, st["lk"], self.block_k):
             j1 = j0 + self.block_k
             k_t, v_t = k[..., j0:j1, :], v[..., j0:j1, :]
             for i0, i1 in self._query_tiles(j0, j1, st["lq"], st["lk"], st["causal"],
                                             st["window"]):
                 s, t = self._logits(st, q[..., i0:i1, :], k_t, i0, i1, j0, j1)
-                p = np.where(np.isneginf(lse[..., i0:i1, None]), 0,
-                             np.exp(s - lse_safe[..., i0:i1, None]))
+                p = self._recompute_p(s, lse[..., i0:i1])
                 do_t = d_out[..., i0:i1, :]
                 dv[..., j0:j1, :] += _swap(p) @ do_t
                 dp = do_t @ _swap(v_t)
