@@ -2,8 +2,8 @@
 
 #: built-in name -> "module:attribute" (the attribute is a class taking no arguments)
 BUILTIN = {
-    "numpy": "backends.numpy:NumpyBackend",
-    "torch": "backends.torch:TorchBackend",
-    "jax": "backends.jax:JaxBackend",
-    "tensorflow": "backends.tensorflow:TensorflowBackend",
+    "numpy": "attention_conformance.backends.numpy:NumpyBackend",
+    "torch": "attention_conformance.backends.torch:TorchBackend",
+    "jax": "attention_conformance.backends.jax:JaxBackend",
+    "tensorflow": "attention_conformance.backends.tensorflow:TensorflowBackend",
 }
