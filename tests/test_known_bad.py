@@ -114,7 +114,7 @@ def test_the_tiled_planting_machinery_alone_plants_no_bug(spec, golden):
     assert len(items) > 50
     for case, variant, dtype in items:
         assert outcome(planted, case, variant, dtype, golden) is None, item_id(case, variant, dtype)
-    from conformance.inputs import build_inputs
+    from attention_conformance.inputs import build_inputs
     case = spec.by_id()["tiles-causal-bottom-right-vjp"]
     arrays = build_inputs(case.inputs, case.variants[0].dims)
     args = [arrays[n] for n in ("q", "k", "v", "d_out")]
