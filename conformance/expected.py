@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import backends
-from .spec_loader import SpecError, parse_yaml
+from .spec_yaml import SpecError, parse_yaml
 
 BUILTIN_DIR = Path(backends.__file__).resolve().parent / "expected_failures"
 

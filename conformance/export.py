@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from .api import GoldenCase
-from .golden import GoldenStore, generated_inputs, golden_entries, write_npz
-from .interface import OPERATIONS, OUTPUTS
+from .golden_compute import generated_inputs, golden_entries
+from .golden_store import GoldenStore, write_npz
+from .ops import OPS
 from .results import spec_hash, suite_version
-from .tolerances import load_tolerances
 
 FORMAT = "attention-conformance-golden/1"
 FORMATS = ("npz", "json")
@@ -174,7 +174,7 @@ def _label(variant, dtype) -> str:
 def _golden_arrays(golden: GoldenCase, variant, dtype) -> tuple[dict, list]:
     """expected/..., tolerance/... arrays of one variant x dtype, and their index sets."""
     stored, expected_sets = {}, []
-    rule = load_tolerances()
+    rule = golden.store.tolerances
     for policy in golden_entries(golden.case):
         prefix = "" if policy is None else f"{policy[0]}={policy[1]}/"
         outputs = {}
@@ -227,7 +227,7 @@ def _case_record(case, golden: GoldenCase, entries: list, shapes: list) -> dict:
     return {"id": case.id, "topic": case.topic, "op": case.op,
             "tags": case_tags(case, shapes),
             "description": case.description, "source": case.source,
-            "positional": list(OPERATIONS[case.op]), "outputs": list(OUTPUTS[case.op]),
+            "positional": list(OPS[case.op].positional), "outputs": list(OPS[case.op].outputs),
             "params": jsonable(golden.params), "dtypes": list(case.dtypes),
             "expect": jsonable(case.expect),
             "golden": golden.has_golden, "entries": entries}

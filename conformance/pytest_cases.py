@@ -16,12 +16,15 @@ from pathlib import Path
 import pytest
 
 from .expected import expected_for
-from .golden import GoldenStore
+from .golden_compute import rounded_inputs
+from .golden_store import GoldenStore
 from .interface import describe
 from .loading import BackendLoadError, load_backend
-from .paths import CASES_DIR
+from .outcomes import CheckFailure, Unsupported
+from .report import summary_lines, write_backend_report
 from .results import ResultLog, record_for
-from .runner import CheckFailure, Unsupported, run_case
+from .runner import run_case
+from .spec_folder import SpecFolder
 from .spec_loader import SpecError, load_spec
 from .timeout import CaseTimeout, time_limit
 
@@ -33,12 +36,12 @@ class State:
         self.config = config
         self.backend = load_backend(config.getoption("backend"))
         self.info = describe(self.backend)
-        cases_dir = Path(config.getoption("spec_dir") or CASES_DIR).resolve()
-        self.cases_dir = cases_dir
-        self.spec = load_spec(cases_dir, cache=True)
-        self.golden = GoldenStore(cases_dir.parent / "golden")
+        self.folder = SpecFolder.from_option(config.getoption("spec_dir"))
+        self.cases_dir = self.folder.cases_dir
+        self.spec = load_spec(self.folder, cache=True)
+        self.golden = GoldenStore.of(self.folder)
         self.expected = expected_for(self.backend, config.getoption("expected_failures"))
-        self.log = ResultLog(self.info, self.spec, spec_dir=cases_dir.parent,
+        self.log = ResultLog(self.info, self.spec, spec_dir=self.folder.root,
                              selection=_selection(config))
 
 
@@ -172,7 +175,6 @@ class CaseItem(pytest.Item):
 
     def header(self) -> str:
         state = _state(self.config)
-        from .golden import rounded_inputs
         try:
             shapes = ", ".join(f"{n} {tuple(a.shape)}" for n, a in
                                rounded_inputs(self.case, self.variant, self.dtype).items())
@@ -245,8 +247,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = _state(config)
     if not state or hasattr(config, "workerinput"):  # an xdist worker: the main process reports
         return
-    from .report import summary_lines
-
     state.log.finish()
     for line in summary_lines(state.log):
         terminalreporter.write_line(line)
@@ -258,5 +258,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                                             f"{entry.message!r} ({entry.where}) matched no failure")
     directory = config.getoption("report")
     if directory:
-        paths = state.log.write(Path(directory))
+        paths = write_backend_report(state.log, Path(directory))
         terminalreporter.write_line("report: " + ", ".join(str(p) for p in paths))

@@ -87,7 +87,7 @@ cases:
 
 def make_spec(tmp_path: Path, text: str = TINY, topic: str = "tiny") -> Path:
     """tmp_path/spec/cases/TOPIC.yaml with its golden data; returns the cases folder."""
-    from attention_conformance import golden
+    from attention_conformance import golden_freeze
     from attention_conformance.spec_loader import load_spec
 
     cases = tmp_path / "spec" / "cases"
@@ -95,7 +95,7 @@ def make_spec(tmp_path: Path, text: str = TINY, topic: str = "tiny") -> Path:
     (cases / f"{topic}.yaml").write_text(text)
     spec = load_spec(cases)
     assert not spec.errors, "\n".join(map(str, spec.errors))
-    golden.regenerate(spec.cases, cases.parent / "golden")
+    golden_freeze.regenerate(spec.cases, cases.parent / "golden")
     return cases
 
 

@@ -21,8 +21,7 @@ from attention_conformance.backends.numpy import NumpyBackend
 from attention_conformance.cli import main as main_cli
 from attention_conformance.export import README as reader_readme_text
 from attention_conformance.export import TAGS, case_tags, reader_code
-from attention_conformance.golden import generated_inputs
-from attention_conformance.paths import CASES_DIR
+from attention_conformance.golden_compute import generated_inputs
 from attention_conformance.spec_loader import load_spec
 
 
@@ -309,7 +308,7 @@ def test_the_readme_reader_on_the_whole_quick_spec(tmp_path):
     exported = time.perf_counter() - started
     root, saved = tmp_path / "golden", tmp_path / "numpy"
     index = _assert_self_consistent(root)
-    assert len(index["cases"]) == len([c for c in load_spec(CASES_DIR).cases
+    assert len(index["cases"]) == len([c for c in load_spec().cases
                                        if c.profile == "quick"])
     reader = _python_blocks((root / "README.md").read_text())[0]
     assert len(reader.strip().splitlines()) <= 30, "the README promises a reader of <= 30 lines"

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import urllib.parse
 from html.parser import HTMLParser
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,7 +24,7 @@ EVIL = '<img src=x onerror="document.title=\'pwned\'"> & "quotes"'
 
 
 class _Spec:
-    cases = [object()] * 3
+    cases = [SimpleNamespace(id=f"case-{i}", profile="quick") for i in range(3)]
     errors = []
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from attention_conformance import golden as golden_data
-from attention_conformance.golden import GoldenStore
+from attention_conformance import golden_freeze
+from attention_conformance.golden_store import GoldenStore
 from attention_conformance.spec_loader import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,7 +105,7 @@ def revealing(tmp_path_factory):
     spec = load_spec(KNOWN_BAD / "revealing")
     assert not spec.errors, "\n".join(map(str, spec.errors))
     directory = tmp_path_factory.mktemp("golden")
-    golden_data.regenerate(spec.cases, directory)
+    golden_freeze.regenerate(spec.cases, directory)
     return spec, GoldenStore(directory)
 
 

@@ -11,7 +11,8 @@ import sys
 import textwrap
 
 import attention_conformance
-from attention_conformance import paths
+from attention_conformance import spec_folder
+from attention_conformance.spec_folder import SpecFolder
 
 INERT_CHECK = textwrap.dedent("""
     import sys
@@ -50,9 +51,7 @@ def test_the_version_is_single_sourced():
 
 
 def test_the_spec_is_found_without_an_override():
-    if os.environ.get("ATTENTION_CONFORMANCE_SPEC"):
-        assert paths.SPEC_DIR == paths._spec_dir()
-    found = paths.packaged_spec_dir()
+    found = spec_folder.packaged_spec_dir()
     assert (found / "cases" / "worked_examples.yaml").is_file()
     assert (found / "golden" / "SHA256SUMS").is_file()
     assert (found / "schema.json").is_file() and (found / "tolerances.yaml").is_file()
@@ -60,7 +59,9 @@ def test_the_spec_is_found_without_an_override():
 
 def test_the_override_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTENTION_CONFORMANCE_SPEC", str(tmp_path))
-    assert paths._spec_dir() == tmp_path.resolve()
+    assert SpecFolder.default().root == tmp_path.resolve()
+    monkeypatch.delenv("ATTENTION_CONFORMANCE_SPEC")
+    assert SpecFolder.default().root == spec_folder.packaged_spec_dir()
 
 
 def test_every_module_lives_under_one_import_root():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from _cli_support import adapter, cli, make_spec, run
-from attention_conformance.interface import POLICIES
+from attention_conformance.policies import POLICIES
 from attention_conformance.results import FORMAT, spec_hash
 
 EXPECTED = """\

@@ -5,8 +5,10 @@ import json
 import pytest
 
 from attention_conformance import spec_cache
-from attention_conformance.paths import CASES_DIR
+from attention_conformance.spec_folder import default_folder
 from attention_conformance.spec_loader import load_spec
+
+CASES_DIR = default_folder().cases_dir
 
 GOOD = """\
 topic: tiny

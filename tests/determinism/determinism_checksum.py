@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attention_conformance.golden import rounded_inputs
+from attention_conformance.golden_compute import rounded_inputs
 from attention_conformance.spec_loader import load_spec
 
 HERE = Path(__file__).resolve().parent

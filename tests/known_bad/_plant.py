@@ -14,7 +14,7 @@ import re
 
 from attention_conformance.backends import numpy as numpy_backend
 from attention_conformance.backends.numpy import NumpyBackend
-from attention_conformance.interface import OPERATIONS
+from attention_conformance.ops import OPS
 
 
 class Planted(NumpyBackend):
@@ -48,7 +48,7 @@ def _with_helpers(op):
     return call
 
 
-for _op in OPERATIONS:
+for _op in OPS:
     setattr(Planted, _op, _with_helpers(_op))
 
 #: the correct helpers, for stand-ins that wrap them
