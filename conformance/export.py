@@ -287,7 +287,11 @@ def _replace(staging: Path, directory: Path) -> None:
         return
     old = staging.with_name(staging.name + ".old")
     directory.rename(old)
-    staging.rename(directory)
+    try:
+        staging.rename(directory)
+    except OSError:
+        old.rename(directory)                  # put the previous export back
+        raise
     _remove(old)
 
 
