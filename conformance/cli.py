@@ -196,8 +196,13 @@ def _certify(args, passthrough) -> int:
 # --- export ----------------------------------------------------------------------------
 
 def _export(args) -> int:
-    from .export import export
+    from .export import ExportError, check_target, export
 
+    try:
+        check_target(Path(args.directory), args.force)      # before the spec is loaded
+    except ExportError as exc:
+        _err(f"export: {exc}")
+        return 2
     spec = load_spec(_folder(args))
     for error in spec.errors:
         _err(f"skipped (invalid): {error}")
@@ -219,7 +224,10 @@ def _export(args) -> int:
     try:
         index = export(cases, Path(args.directory), args.format,
                        golden_dir=_folder(args).golden_dir, dtypes=args.dtype,
-                       spec_dir=_folder(args).root, progress=progress)
+                       spec_dir=_folder(args).root, progress=progress, force=args.force)
+    except ExportError as exc:
+        _err(f"export: {exc}")
+        return 2
     except GoldenError as exc:
         _err(f"golden data: {exc}")
         return 1
@@ -352,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "as plain files (npz or json) with an index and a README")
     e.add_argument("directory", metavar="DIR")
     e.add_argument("--format", choices=("npz", "json"), default="npz")
+    e.add_argument("--force", action="store_true",
+                   help="replace DIR whole if it is not empty (links inside are removed, "
+                        "never followed)")
     e.add_argument("--case", action="append", metavar="ID", help="only this case (repeatable)")
     _filters(e)
 
