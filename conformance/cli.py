@@ -240,7 +240,8 @@ def _export(args) -> int:
 # --- report ----------------------------------------------------------------------------
 
 def _report(args) -> int:
-    from .report import load_results, matrix_markdown, write_matrix
+    from .report import load_results, matrix_markdown
+    from .report_html import write_matrix
 
     directory = Path(args.directory)
     results = load_results(directory) if directory.is_dir() else []
