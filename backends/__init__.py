@@ -6,4 +6,7 @@ BUILTIN = {
     "torch": "backends.torch:TorchBackend",
     "jax": "backends.jax:JaxBackend",
     "tensorflow": "backends.tensorflow:TensorflowBackend",
+    "onnxruntime": "backends.onnxruntime:OnnxruntimeBackend",
+    "onnx-reference": "backends.onnx_reference:OnnxReferenceBackend",
+    "paddle": "backends.paddle:PaddleBackend",
 }
