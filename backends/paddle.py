@@ -33,8 +33,9 @@ or softmax kernel, so only float64 and float32 are declared there).
 
 Declared policies: those of the functional op, ``scaled_dot_product_attention``
 (checked by the policy cases). ``nn.MultiHeadAttention`` turns a boolean mask into a
-``(mask - 1) * 1e9`` bias, so its fully masked rows are uniform, not what the
-functional op gives; the policy cases list that as a finding on that op.
+``(mask - 1) * 1e9`` bias, so a fully masked row attends over all keys as if unmasked
+(the max-subtraction cancels the -1e9), not NaN as the functional op gives: the policy
+cases list that as a finding on that op.
 
 Known differences (paddle 3.3.1, CPU; backends/expected_failures/paddle.yaml): the CPU
 softmax clips shifted logits at -64, so a disallowed key keeps a weight of
