@@ -335,10 +335,8 @@ class PaddleBackend:
         tb = None if bias is None else _to_paddle(bias, dt)
         out = _attend(*leaves, mask=mask, bias=tb, causal=causal, scale=scale,
                       softcap=softcap, window=window)
-        grads = paddle.grad([out], leaves, grad_outputs=[_to_paddle(d_out, dt)],
-                            allow_unused=True)
-        return tuple(_to_numpy(g) if g is not None else np.zeros(np.shape(a), dtype=dt)
-                     for g, a in zip(grads, (q, k, v)))
+        grads = paddle.grad([out], leaves, grad_outputs=[_to_paddle(d_out, dt)])
+        return tuple(_to_numpy(g) for g in grads)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
         dt = self._dtype(x)
@@ -375,11 +373,12 @@ def _mha_layer(q, k, v, ws, heads, allowed):
     """paddle.nn.MultiHeadAttention with our weights, on (B, L, E) inputs."""
     w_q, w_k, w_v, w_o = ws
     e_q, e_k, e_v = q.shape[-1], k.shape[-1], v.shape[-1]
-    paddle.set_default_dtype(str(q.dtype).replace("paddle.", ""))
+    default = paddle.get_default_dtype()
+    paddle.set_default_dtype(str(q.dtype).replace("paddle.", ""))  # the layer's weights
     try:
         mha = paddle.nn.MultiHeadAttention(e_q, heads, kdim=e_k, vdim=e_v, bias_attr=False)
     finally:
-        paddle.set_default_dtype("float32")
+        paddle.set_default_dtype(default)
     mha.eval()
     for layer, w in ((mha.q_proj, w_q), (mha.k_proj, w_k), (mha.v_proj, w_v),
                      (mha.out_proj, w_o)):

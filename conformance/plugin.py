@@ -29,7 +29,8 @@ from .timeout import CaseTimeout, time_limit
 def pytest_addoption(parser):
     group = parser.getgroup("attention-conformance")
     group.addoption("--backend", help="backend to certify: numpy | torch | jax | tensorflow |"
-                    " an entry point name | package.module:attr | path/file.py:attr")
+                    " onnxruntime | onnx-reference | paddle | an entry point name |"
+                    " package.module:attr | path/file.py:attr")
     group.addoption("--spec-dir", default=None, help="case files to run (default spec/cases)")
     group.addoption("--profile", choices=("quick", "long", "all"), default="quick",
                     help="quick (default) skips the long-sequence cases; long runs only them")

@@ -333,6 +333,12 @@ def test_paddle_is_causal_adds_minus_1e4_not_minus_inf(paddle):
     assert got[0, 0, 0, 0] == pytest.approx(2.0)      # the hidden key wins: 3e4 - 1e4 > 0
     explicit = _sdpa(paddle, q, k, v, attn_mask=causal, scale=1.0)
     assert explicit[0, 0, 0, 0] == pytest.approx(1.0, abs=1e-12)
+    # and with is_causal, attn_mask is ignored: query 1 may see key 0 only here
+    mask = np.array([[True, True], [True, False]])
+    both = _sdpa(paddle, q, k, v, is_causal=True, attn_mask=mask, scale=1.0)
+    want = attend64(q, k, v, allowed=causal & mask, scale=1.0)[0]
+    assert want[0, 0, 1, 0] == 1.0
+    assert np.array_equal(both, got) and both[0, 0, 1, 0] == pytest.approx(2.0)
 
 
 def test_paddle_multi_head_attention_masks_with_a_finite_bias(paddle):
@@ -341,11 +347,12 @@ def test_paddle_multi_head_attention_masks_with_a_finite_bias(paddle):
     ws = [r.randn(4, 4) * 0.5 for _ in range(4)]
     mask = np.ones((3, 3), dtype=bool)
     mask[1] = False                                   # query 1: no key
+    default = paddle.get_default_dtype()
     paddle.set_default_dtype("float64")
     try:
         layer = paddle.nn.MultiHeadAttention(4, 2, bias_attr=False)
     finally:
-        paddle.set_default_dtype("float32")
+        paddle.set_default_dtype(default)
     layer.eval()
     for lin, w in zip((layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj), ws):
         lin.weight.set_value(paddle.to_tensor(w))
