@@ -2,11 +2,11 @@
 
 #: built-in name -> "module:attribute" (the attribute is a class taking no arguments)
 BUILTIN = {
-    "numpy": "backends.numpy:NumpyBackend",
-    "torch": "backends.torch:TorchBackend",
-    "jax": "backends.jax:JaxBackend",
-    "tensorflow": "backends.tensorflow:TensorflowBackend",
-    "onnxruntime": "backends.onnxruntime:OnnxruntimeBackend",
-    "onnx-reference": "backends.onnx_reference:OnnxReferenceBackend",
-    "paddle": "backends.paddle:PaddleBackend",
+    "numpy": "attention_conformance.backends.numpy:NumpyBackend",
+    "torch": "attention_conformance.backends.torch:TorchBackend",
+    "jax": "attention_conformance.backends.jax:JaxBackend",
+    "tensorflow": "attention_conformance.backends.tensorflow:TensorflowBackend",
+    "onnxruntime": "attention_conformance.backends.onnxruntime:OnnxruntimeBackend",
+    "onnx-reference": "attention_conformance.backends.onnx_reference:OnnxReferenceBackend",
+    "paddle": "attention_conformance.backends.paddle:PaddleBackend",
 }

@@ -29,9 +29,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .spec import SpecError, parse_yaml
+from . import backends
+from .spec_yaml import SpecError, parse_yaml
 
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "backends" / "expected_failures"
+BUILTIN_DIR = Path(backends.__file__).resolve().parent / "expected_failures"
 
 
 @dataclass
@@ -113,7 +114,7 @@ def expected_for(backend, extra_files=()) -> ExpectedFailures:
     own = getattr(backend, "expected_failures_file", None)
     if own:
         files.insert(0, Path(own))
-    elif builtin.exists() and type(backend).__module__.startswith("backends."):
+    elif builtin.exists() and type(backend).__module__.startswith(backends.__name__ + "."):
         files.insert(0, builtin)
     merged = ExpectedFailures()
     for path in files:

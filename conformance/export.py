@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from .api import GoldenCase
-from .golden import GoldenStore, golden_entries, write_npz
-from .interface import OPERATIONS, OUTPUTS
+from .golden_compute import golden_entries
+from .golden_store import GoldenStore, write_npz
+from .ops import OPS
 from .results import spec_hash, suite_version
-from .tolerances import load_tolerances
 
 FORMAT = "attention-conformance-golden/1"
 FORMATS = ("npz", "json")
@@ -81,7 +81,7 @@ def _entry(golden: GoldenCase, variant, dtype, directory: Path, relative: str, f
     arrays = golden.inputs(dtype, variant.label)
     stored = {f"inputs/{n}": _stored(a) for n, a in arrays.items()}
     expected_sets = []
-    rule = load_tolerances()
+    rule = golden.store.tolerances
     for policy in golden_entries(golden.case):
         prefix = "" if policy is None else f"{policy[0]}={policy[1]}/"
         data = golden.store.get(golden.case, variant, dtype, policy)
@@ -144,7 +144,7 @@ def export(cases, directory: Path, fmt: str = "npz", *, golden_dir: Path,
         index["cases"].append({
             "id": case.id, "topic": case.topic, "op": case.op,
             "description": case.description, "source": case.source,
-            "positional": list(OPERATIONS[case.op]), "outputs": list(OUTPUTS[case.op]),
+            "positional": list(OPS[case.op].positional), "outputs": list(OPS[case.op].outputs),
             "params": jsonable(golden.params), "dtypes": list(case.dtypes),
             "expect": jsonable(case.expect),
             "golden": golden.has_golden, "entries": entries})

@@ -7,8 +7,8 @@ import html
 import json
 from pathlib import Path
 
-from .interface import POLICIES, POLICY_MEANING
-from .results import FORMAT, STATUS_LABELS
+from .policies import POLICIES, POLICY_MEANING
+from .results import FORMAT, STATUS_LABELS, safe_name
 
 _COLUMNS = ("pass", "fail", "xfail", "xpass", "unsupported")
 #: rows of the matrix's table of tests that do not pass everywhere
@@ -273,3 +273,16 @@ def write_matrix(results: list[dict], directory: Path) -> list[Path]:
     md.write_text(matrix_markdown(results))
     page.write_text(matrix_html(results))
     return [md, page]
+
+
+def write_backend_report(log, directory: Path) -> list[Path]:
+    """A run's NAME.json and NAME.md in directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    data = log.as_dict()
+    name = safe_name(log.info["name"])
+    json_path = directory / f"{name}.json"
+    json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    md_path = directory / f"{name}.md"
+    md_path.write_text(backend_markdown(data))
+    return [json_path, md_path]

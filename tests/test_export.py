@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from _cli_support import make_spec, run
-from backends.numpy import NumpyBackend
-from conformance.api import CaseNotFound, list_cases, load_case
+from attention_conformance.backends.numpy import NumpyBackend
+from attention_conformance.api import CaseNotFound, list_cases, load_case
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +151,7 @@ _BLOCKER = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("conformance", "backends"):
+        if name.split(".")[0] == "attention_conformance":
             raise ImportError(f"{name} is not available to this project")
 sys.meta_path.insert(0, Block())
 """
@@ -163,11 +163,11 @@ def test_the_export_readme_loader_needs_only_numpy(tmp_path, capsys):
     readme = (tmp_path / "golden" / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     script = tmp_path / "load.py"
-    script.write_text(_BLOCKER + code + "\nimport conformance\n")
+    script.write_text(_BLOCKER + code + "\nimport attention_conformance\n")
     result = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
-    assert "conformance is not available" in result.stderr   # it really was blocked
+    assert "attention_conformance is not available" in result.stderr   # it really was blocked
 
 
 def test_export_refuses_an_unknown_case(tmp_path, capsys):

@@ -11,8 +11,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from conformance.report import matrix_html
-from conformance.results import ResultLog
+from attention_conformance.report import matrix_html
+from attention_conformance.results import ResultLog
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

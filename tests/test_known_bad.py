@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import golden as golden_data
-from conformance.golden import GoldenStore
-from conformance.spec import load_spec
+from attention_conformance import golden_freeze
+from attention_conformance.golden_store import GoldenStore
+from attention_conformance.spec_loader import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 KNOWN_BAD = ROOT / "tests" / "known_bad"
@@ -85,7 +85,7 @@ def _failures(backend, spec, golden):
 
 
 def test_the_correct_numpy_backend_passes_every_quick_case(spec, golden):
-    from backends.numpy import NumpyBackend
+    from attention_conformance.backends.numpy import NumpyBackend
 
     failures = _failures(NumpyBackend(), spec, golden)
     assert not failures, "\n".join(failures[:10])
@@ -105,7 +105,7 @@ def revealing(tmp_path_factory):
     spec = load_spec(KNOWN_BAD / "revealing")
     assert not spec.errors, "\n".join(map(str, spec.errors))
     directory = tmp_path_factory.mktemp("golden")
-    golden_data.regenerate(spec.cases, directory)
+    golden_freeze.regenerate(spec.cases, directory)
     return spec, GoldenStore(directory)
 
 
@@ -122,7 +122,7 @@ def test_a_case_of_the_kind_a_bug_needs_catches_it(bug, revealing):
 
 
 def test_the_correct_numpy_backend_passes_the_revealing_cases(revealing):
-    from backends.numpy import NumpyBackend
+    from attention_conformance.backends.numpy import NumpyBackend
 
     failures = _failures(NumpyBackend(), *revealing)
     assert not failures, "\n".join(failures)
@@ -131,7 +131,7 @@ def test_the_correct_numpy_backend_passes_the_revealing_cases(revealing):
 def test_a_planted_bug_fails_through_the_pytest_plugin():
     case = "wo-ai-zhong-guo-cross-attention"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "spec/cases", "-p", "conformance.plugin",
+        [sys.executable, "-m", "pytest", "spec/cases", "-p", "attention_conformance.plugin",
          "-p", "no:cacheprovider", "--backend", "tests/known_bad/wrong_scale.py:WrongScale",
          "-k", case, "--dtype", "float32"], capture_output=True, text=True, cwd=ROOT,
         timeout=300, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})

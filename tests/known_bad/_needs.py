@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance import reference
-from conformance.inputs import build_inputs
+from attention_conformance import reference
+from attention_conformance.inputs import build_inputs
 
 
 def _variant_inputs(case):

@@ -1,0 +1,19 @@
+"""What can come of running a case, besides a pass: the exceptions every layer shares."""
+
+from __future__ import annotations
+
+
+class Unsupported(NotImplementedError):
+    """The backend lacks an op, a parameter or a dtype: the test is reported unsupported.
+
+    A backend may raise any NotImplementedError; adapters that import the suite can
+    raise this one to say so explicitly. The runner raises it for an undeclared dtype."""
+
+
+class CheckFailure(AssertionError):
+    """The backend's result breaks an expectation of the case (or the interface)."""
+
+
+class SuiteError(Exception):
+    """The suite's own code failed on a case that validation accepted: a suite bug,
+    reported as such with the case, never blamed on the backend."""
