@@ -26,6 +26,12 @@ def pytest_addoption(parser):
                     help="extra expected-failures file for this backend (repeatable)")
     group.addoption("--case-timeout", type=float, default=120.0,
                     help="seconds before a case is failed as hung (0: no limit)")
+    group.addoption("--in-process", action="store_true", default=False,
+                    help="run the backend in the runner's own process (for debugging: not"
+                    " isolated, so a crash ends the run and the backend can reach the checks)")
+    group.addoption("--restart-every", type=int, default=2000, metavar="N",
+                    help="start a fresh backend process every N calls (0: only after a"
+                    " crash or a timeout)")
     group.addoption("--report", default=None, metavar="DIR",
                     help="write this backend's results (JSON and Markdown) into DIR")
 
