@@ -112,7 +112,7 @@ def _ort_session(model, optimized_path=None):
 
 
 def test_ort_has_no_float64_attention_kernel_and_expands_the_function_body(tmp_path):
-    pytest.importorskip("onnx")
+    onnx = pytest.importorskip("onnx")
     kept = {}
     for dtype in (np.float32, np.float64):
         path = tmp_path / f"{dtype.__name__}.onnx"
@@ -196,7 +196,7 @@ def _reference(model):
 
 
 def _ref_opset():
-    pytest.importorskip("onnx")
+    onnx = pytest.importorskip("onnx")
     return onnx.defs.get_schema("Attention", onnx.defs.onnx_opset_version(), "").since_version
 
 
