@@ -304,6 +304,43 @@ def test_paddle_softmax_clips_shifted_logits_at_minus_64(paddle):
     assert got[2:] == pytest.approx([math.exp(-64) / e.sum()] * 3, rel=1e-12)
 
 
+def test_paddle_float32_softmax_drops_a_nan_logit_in_its_vector_lanes(paddle):
+    import paddle.nn.functional as F
+
+    def nan_columns(n, dtype):
+        hit = []
+        for c in range(n):
+            x = np.zeros((1, n), dtype=dtype)
+            x[0, c] = np.nan
+            if np.isnan(F.softmax(paddle.to_tensor(x)).numpy()).any():
+                hit.append(c)
+        return hit
+
+    # float64 NumPy (and the spec): a NaN logit makes its whole row NaN, at any column
+    assert nan_columns(129, np.float64) == list(range(129))
+    # float32: only the scalar head and tail of the row keep it; 8-wide lanes clip it to -64
+    assert nan_columns(16, np.float32) == []
+    assert nan_columns(17, np.float32) == [0, 16]
+    assert nan_columns(129, np.float32) == [0, 128]
+    # through SDPA: NaN in masked key 70 of 129 is ignored forward, yet reaches dq = dS K
+    r = _rng(12)
+    q, k, v, d_out = r.randn(1, 17, 1, 4), r.randn(1, 129, 1, 4), r.randn(1, 129, 1, 4), \
+        r.randn(1, 17, 1, 4)
+    k[0, 70, 0, 0] = np.nan
+    mask = np.ones((17, 129), dtype=bool)
+    mask[:, 70] = False
+    leaves = [paddle.to_tensor(a.astype(np.float32)) for a in (q, k, v)]
+    for t in leaves:
+        t.stop_gradient = False
+    out = F.scaled_dot_product_attention(*leaves, attn_mask=paddle.to_tensor(mask),
+                                         training=False)
+    grad_out = paddle.to_tensor(d_out.astype(np.float32))
+    dq, dk, dv = paddle.grad([out], leaves, grad_outputs=[grad_out])
+    assert np.isfinite(out.numpy()).all()
+    assert np.isnan(dq.numpy()[..., 0]).all() and np.isfinite(dq.numpy()[..., 1:]).all()
+    assert np.isfinite(dk.numpy()).all() and np.isfinite(dv.numpy()).all()
+
+
 def test_paddle_sdpa_gives_masked_keys_weight_and_a_huge_masked_value_leaks(paddle):
     q, k, v = _qkv(8, lq=3, lk=4, d=4, dv=4)
     mask = np.array([True, False, True, True])
