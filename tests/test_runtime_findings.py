@@ -224,7 +224,8 @@ def test_reference_negative_scale_is_nan(dtype):
 
 
 def test_reference_scales_q_and_k_by_sqrt_scale_so_exact_scores_are_not_exact():
-    # the spec's score_functions/score-functions-scaled-dot-exact-default-half
+    # the inputs of score_functions/score-functions-scaled-dot-exact-default-half (the spec
+    # now compares them with golden data only, which the evaluator meets: no entry rests here)
     q = np.array([[1, 2, 0, -1], [0, 1, 3, 2], [2, -1, 1, 0]], dtype=np.float64)[None, None]
     k = np.array([[1, 0, 2, 1], [-1, 1, 0, 2], [0, 3, -1, 1], [2, 2, 2, 2], [1, -2, 0, 0]],
                  dtype=np.float64)[None, None]
