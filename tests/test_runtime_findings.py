@@ -52,7 +52,7 @@ def _qkv(seed, b=1, h=2, lq=3, lk=5, d=8, dv=8):
 
 def _attention_model(dtype, *, opset, mask_dtype=None, mode=None, **attrs):
     """A one-node ONNX Attention model on inputs Q, K, V (and M)."""
-    pytest.importorskip("onnx")
+    onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
     elem = {np.float64: TensorProto.DOUBLE, np.float32: TensorProto.FLOAT,
@@ -112,7 +112,7 @@ def _ort_session(model, optimized_path=None):
 
 
 def test_ort_has_no_float64_attention_kernel_and_expands_the_function_body(tmp_path):
-    pytest.importorskip("onnx")
+    onnx = pytest.importorskip("onnx")
     kept = {}
     for dtype in (np.float32, np.float64):
         path = tmp_path / f"{dtype.__name__}.onnx"
@@ -196,7 +196,7 @@ def _reference(model):
 
 
 def _ref_opset():
-    pytest.importorskip("onnx")
+    onnx = pytest.importorskip("onnx")
     return onnx.defs.get_schema("Attention", onnx.defs.onnx_opset_version(), "").since_version
 
 
