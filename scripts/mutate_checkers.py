@@ -7,7 +7,7 @@ policy_outcome, check_statistics, the spec cache's read, the expected-failure ma
 ...) with a version that checks nothing. For each mutant the script runs the test files
 that pin that checker in a fresh pytest process, with the mutant applied at interpreter
 start by a sitecustomize module on PYTHONPATH (so it reaches the subprocesses those tests
-start too). A mutant is pinned when at least one test fails; a mutant that cannot be
+start too; it takes the place of any other sitecustomize for those runs). A mutant is pinned when at least one test fails; a mutant that cannot be
 applied (its target renamed) is an error, not a pass. The unmutated files must pass
 first, or nothing can be concluded.
 

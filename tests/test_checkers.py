@@ -645,5 +645,7 @@ def test_check_outcome_checks_every_part_even_after_one_fails(cases):
     with pytest.raises(CheckFailure) as failure:
         checks.check_outcome(ctx, outcome, ("fully_masked_rows", "zeros"))
     lines = str(failure.value).splitlines()
-    assert any(l.startswith("golden out under fully_masked_rows=zeros: NaN pattern") for l in lines)
-    assert any(l.startswith("exact [1] under fully_masked_rows=zeros: got nan") for l in lines)
+    assert any(line.startswith("golden out under fully_masked_rows=zeros: NaN pattern")
+               for line in lines), lines
+    assert any(line.startswith("exact [1] under fully_masked_rows=zeros: got nan")
+               for line in lines), lines
