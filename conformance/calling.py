@@ -7,7 +7,7 @@ import numpy as np
 
 from .dtypes import dtype_name, numpy_dtype
 from .ops import OPS, output_shapes
-from .outcomes import CheckFailure, Unsupported
+from .outcomes import BackendRaised, CheckFailure, Unsupported
 
 
 def cast_inputs(exact_inputs: dict, dtype: str) -> dict:
@@ -30,6 +30,8 @@ def call_backend(backend, op, arrays, params):
         raise
     except NotImplementedError as exc:
         raise Unsupported(str(exc) or type(exc).__name__) from None
+    except Exception as exc:
+        raise BackendRaised(exc) from exc
     if len(spec.outputs) == 1:
         return (result,)
     if not isinstance(result, (tuple, list)) or len(result) != len(spec.outputs):

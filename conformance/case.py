@@ -32,3 +32,14 @@ class Case:
 
     def where(self) -> str:
         return f"{self.file}:{self.line}"
+
+
+def in_profile(case: Case, profile: str) -> bool:
+    """quick (the default run), long (only the long-sequence cases) or all."""
+    return profile == "all" or case.profile == profile
+
+
+def profile_counts(cases, profile: str = "quick") -> tuple[int, int]:
+    """(cases, tests per backend) of a profile: what list, validate and certify print."""
+    chosen = [c for c in cases if in_profile(c, profile)]
+    return len(chosen), sum(len(c.variants) * len(c.dtypes) for c in chosen)

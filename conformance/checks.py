@@ -10,9 +10,9 @@ import numpy as np
 
 from .comparison import compare, digits
 from .context import Context
+from .dtypes import round_to
 from .golden_store import GoldenError
 from .indexing import parse_index, split_target
-from .dtypes import round_to
 from .ops import OPS
 from .outcomes import CheckFailure
 from .properties import PROPERTIES

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from . import golden_freeze
+from .case import profile_counts
 from .dtypes import DTYPES
 from .golden_store import GoldenError
 from .ops import OPS
@@ -39,9 +40,10 @@ def _validate(args) -> int:
     spec = load_spec(_folder(args))
     for error in spec.errors:
         print(error)
-    variants = sum(len(c.variants) * len(c.dtypes) for c in spec.cases)
-    print(f"{len(spec.cases)} valid cases ({variants} tests per backend), "
-          f"{len(spec.errors)} problems")
+    counts = {p: profile_counts(spec.cases, p) for p in ("quick", "long")}
+    print(f"{len(spec.cases)} valid cases: "
+          + "; ".join(f"{p} profile {n} cases, {t} tests per backend" for p, (n, t) in counts.items())
+          + f"; {len(spec.errors)} problems")
     return 1 if spec.errors else 0
 
 
@@ -141,7 +143,8 @@ def _list(args) -> int:
             tests += n
             long = " [long]" if c.profile == "long" else ""
             print(f"  {c.id:<{width}}  {c.op:<20} {n:>3} tests  {c.description}{long}")
-    print(f"{len(cases)} cases in {len(topics)} topics, {tests} tests per backend"
+    print(f"{len(cases)} cases of the {args.profile} profile in {len(topics)} topics, "
+          f"{tests} tests per backend"
           + (f"; {len(spec.errors)} spec problems (run: attention-conformance validate)"
              if spec.errors else ""))
     return 0
@@ -193,8 +196,13 @@ def _certify(args, passthrough) -> int:
 # --- export ----------------------------------------------------------------------------
 
 def _export(args) -> int:
-    from .export import export
+    from .export import ExportError, check_target, export
 
+    try:
+        check_target(Path(args.directory), args.force)      # before the spec is loaded
+    except ExportError as exc:
+        _err(f"export: {exc}")
+        return 2
     spec = load_spec(_folder(args))
     for error in spec.errors:
         _err(f"skipped (invalid): {error}")
@@ -216,7 +224,10 @@ def _export(args) -> int:
     try:
         index = export(cases, Path(args.directory), args.format,
                        golden_dir=_folder(args).golden_dir, dtypes=args.dtype,
-                       spec_dir=_folder(args).root, progress=progress)
+                       spec_dir=_folder(args).root, progress=progress, force=args.force)
+    except ExportError as exc:
+        _err(f"export: {exc}")
+        return 2
     except GoldenError as exc:
         _err(f"golden data: {exc}")
         return 1
@@ -349,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "as plain files (npz or json) with an index and a README")
     e.add_argument("directory", metavar="DIR")
     e.add_argument("--format", choices=("npz", "json"), default="npz")
+    e.add_argument("--force", action="store_true",
+                   help="replace DIR whole if it is not empty (links inside are removed, "
+                        "never followed)")
     e.add_argument("--case", action="append", metavar="ID", help="only this case (repeatable)")
     _filters(e)
 

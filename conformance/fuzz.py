@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from .dtypes import DTYPES
 from .golden_compute import compute
 from .inputs import build_inputs
-from .dtypes import DTYPES
 from .ops import OPS
 from .outcomes import CheckFailure, Unsupported
 from .reference import allowed_keys

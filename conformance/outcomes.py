@@ -17,3 +17,19 @@ class CheckFailure(AssertionError):
 class SuiteError(Exception):
     """The suite's own code failed on a case that validation accepted: a suite bug,
     reported as such with the case, never blamed on the backend."""
+
+
+class BackendRaised(Exception):
+    """The backend's own code raised (anything but NotImplementedError): the test fails
+    with that exception, which is this one's __cause__."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(f"{type(exc).__name__}: {_text(exc)}")
+
+
+def _text(exc: BaseException) -> str:
+    """str(exc), even for an exception whose __str__ raises."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"<unprintable {type(exc).__name__}: its __str__ raised {type(inner).__name__}>"

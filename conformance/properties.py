@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import reference
+from .comparison import digits
 from .context import Context
 from .ops import OPS
 from .outcomes import CheckFailure
@@ -30,14 +31,17 @@ def _first(ctx):
     return next(iter(ctx.outputs.values()))
 
 
-def _close(actual, expected, tol, what):
+def _close(actual, expected, tol, what, dtype="float64"):
     error = np.abs(actual - expected)
     if not np.all(np.isfinite(error)) or np.max(error, initial=0.0) > tol:
         flat = int(np.nanargmax(np.where(np.isfinite(error), error, np.inf)))
         worst = tuple(int(i) for i in np.unravel_index(flat, error.shape))
+        n = digits(dtype)
+        got, want = f"{float(actual[worst]):.{n}g}", f"{float(expected[worst]):.{n}g}"
+        if not np.isfinite(error[worst]):      # a NaN or inf where a number belongs
+            raise CheckFailure(f"{what}: got {got} at {list(worst)}, expected {want}")
         raise CheckFailure(f"{what}: differs by {float(error[worst]):.3g} at {list(worst)}"
-                           f" (got {float(actual[worst]):.6g}, expected"
-                           f" {float(expected[worst]):.6g}), tolerance {tol:.3g}")
+                           f" (got {got}, expected {want}), tolerance {tol:.3g}")
 
 
 def allowed(ctx) -> np.ndarray:

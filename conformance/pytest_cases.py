@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from .case import in_profile
 from .expected import expected_for
 from .golden_compute import rounded_inputs
 from .golden_store import GoldenStore
 from .interface import describe
 from .loading import BackendLoadError, load_backend
-from .outcomes import CheckFailure, Unsupported
+from .outcomes import BackendRaised, CheckFailure, SuiteError, Unsupported
 from .report import summary_lines, write_backend_report
 from .results import ResultLog, record_for
 from .runner import run_case
@@ -94,7 +95,7 @@ class CaseFile(pytest.File):
             if Path(error.file).name == name:
                 yield SpecErrorItem.from_parent(self, name=f"spec-error:{error.line}", error=error)
         for case in state.spec.cases:
-            if Path(case.file).name != name or not _in_profile(case, profile):
+            if Path(case.file).name != name or not in_profile(case, profile):
                 continue
             for variant in case.variants:
                 for dtype in case.dtypes:
@@ -109,10 +110,6 @@ def _whole_run(config) -> bool:
     """Is every quick test selected (so that an unused expected failure is stale)?"""
     return (config.getoption("profile") == "quick" and not config.getoption("dtype")
             and not config.getoption("keyword") and not config.getoption("markexpr"))
-
-
-def _in_profile(case, profile):
-    return profile == "all" or case.profile == profile
 
 
 class SpecErrorItem(pytest.Item):
@@ -151,10 +148,15 @@ class CaseItem(pytest.Item):
         except (CheckFailure, CaseTimeout) as exc:
             self._failed(str(exc), start)
             raise
-        except Exception as exc:
-            message = f"the backend raised {type(exc).__name__}: {exc}"
+        except BackendRaised as exc:
+            message = f"the backend raised {exc}"
             self._failed(message, start)
-            raise CheckFailure(message) from exc
+            raise CheckFailure(message) from exc.__cause__
+        except Exception as exc:       # the suite's own code: never blamed on the backend
+            message = (f"suite error on case {self.case.id} ({self.case.where()}): "
+                       f"{type(exc).__name__}: {exc}")
+            self._record("fail", message, start)
+            raise SuiteError(message) from exc
         self._record("pass", "", start, result.worst_ratio)
 
     def _failed(self, message, start):
@@ -181,22 +183,31 @@ class CaseItem(pytest.Item):
         except Exception:
             shapes = "(inputs could not be built)"
         params = ", ".join(f"{k}={v!r}" for k, v in self.case.params.items()) or "none"
-        return (f"{self.test_id} failed on backend {state.info['name']!r}, dtype {self.dtype}\n"
+        return (f"  test:   {self.test_id} on backend {state.info['name']!r}, dtype {self.dtype}\n"
                 f"  case:   {self.case.description} ({self.case.where()})\n"
                 f"  op:     {self.case.op}; inputs: {shapes}; params: {params}\n")
 
     def repr_failure(self, excinfo):
+        """The reason first (pytest's short summary shows that line), then the test, the
+        case and its op, then every other broken expectation; at -q only the reason and
+        the test, the rest being in the report."""
         error = excinfo.value
         if isinstance(error, pytest.xfail.Exception):
             # an expected failure: its reason is the message; rendering the traceback
             # would parse the framework's source files (~0.4 s an item for TF and JAX)
             return str(error)
         if not isinstance(error, (CheckFailure, CaseTimeout)):
-            return self.header() + str(excinfo.getrepr(style="short"))
-        detail = str(error)
+            detail = f"the suite failed on this case: {type(error).__name__}: {error}"
+            return detail + "\n" + self.header() + str(excinfo.getrepr(style="short"))
+        lines = str(error).rstrip().splitlines() or ["(no message)"]
         if error.__cause__ is not None:
-            detail += "\n" + "".join(traceback.format_exception(error.__cause__, limit=-3))
-        return self.header() + "  " + detail.rstrip().replace("\n", "\n  ")
+            lines += "".join(traceback.format_exception(error.__cause__, limit=-3)).splitlines()
+        if self.config.get_verbosity() < 0:
+            header = self.header().splitlines()[0]
+            more = f" ({len(lines) - 1} more lines in the report, or rerun without -q)" \
+                if len(lines) > 1 else ""
+            return f"{lines[0]}\n{header}{more}"
+        return lines[0] + "\n" + self.header() + "".join(f"  {line}\n" for line in lines[1:])
 
     def reportinfo(self):
         return self.path, self.case.line - 1, self.test_id
@@ -227,6 +238,8 @@ def pytest_runtest_makereport(item, call):
     entry = getattr(item, "conformance_record", None)
     if entry is not None and call.when == "call":
         report.conformance = entry
+        if report.skipped and isinstance(report.longrepr, tuple):   # unsupported: at its case
+            report.longrepr = (str(item.path), item.case.line, report.longrepr[2])
     return report
 
 
@@ -250,6 +263,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state.log.finish()
     for line in summary_lines(state.log):
         terminalreporter.write_line(line)
+    for record in state.log.records:        # one line per failing test, with its reason
+        if record["status"] not in ("pass", "xfail", "unsupported"):
+            reason = (record["message"].splitlines() or [""])[0][:300]
+            terminalreporter.write_line(f"  {record['status'].upper()} {record['id']}: {reason}")
     if _whole_run(config):
         for entry in state.expected.entries:
             if entry.message and not any(r["status"] == "xfail" and entry.message in r["message"]

@@ -26,7 +26,6 @@ from .dtypes import UNIT_ROUNDOFF, numpy_dtype, round_to
 from .ops import OPS
 from .policies import DEFAULT_POLICIES
 
-
 #: query rows processed at once by sdpa and sdpa_vjp
 BLOCK = 256
 

@@ -14,9 +14,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .case import profile_counts
 from .policies import POLICY_MEANING
 from .spec_folder import default_folder
-
 
 FORMAT = "attention-conformance-report/1"
 #: how each status is printed in reports
@@ -110,6 +110,8 @@ class ResultLog:
             "spec_hash": spec_hash(spec_dir),
             "spec_dir": str(spec_dir),
             "cases": len(self.spec.cases),
+            "profile_cases": profile_counts(self.spec.cases,
+                                            self.selection.get("profile") or "quick")[0],
             "spec_errors": len(getattr(self.spec, "errors", ())),
             "selection": self.selection,
             "totals": self.counts().get("all", {}),

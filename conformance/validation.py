@@ -19,6 +19,7 @@ from .properties import PROPERTIES
 from .spec_yaml import SpecError
 from .statistics import STATISTICS
 
+
 def _check_names(case) -> list[str]:
     problems = []
     op = OPS[case.op]

@@ -321,6 +321,8 @@ def main(argv=None) -> int:
                              "a surviving mutant fails the script)")
     args = parser.parse_args(argv)
 
+    if args.write_doc and (args.only or args.tests):
+        parser.error("--write-doc writes the table of every mutant: not with --only or --tests")
     chosen = [m for m in mutants() if not args.only or any(m.name.startswith(p) for p in args.only)]
     if args.tests:
         chosen = [Mutant(m.name, m.what, tuple(args.tests)) for m in chosen]

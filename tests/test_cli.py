@@ -30,12 +30,24 @@ def test_list_groups_by_topic_and_filters(tiny, capsys):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("tiny (5 cases)")
     assert re.search(r"tiny-sdpa-default-scale\s+sdpa\s+8 tests", result.stdout)
-    assert "5 cases in 1 topics, 18 tests per backend" in result.stdout
+    assert "5 cases of the quick profile in 1 topics, 18 tests per backend" in result.stdout
     only = run(capsys, "--spec-dir", tiny, "list", "--op", "sdpa", "--ids")
     assert only.stdout.split() == ["tiny-sdpa-default-scale", "tiny-empty-row"]
     keyword = run(capsys, "list", "--spec-dir", tiny, "-k", "ONE-HOT", "--dtype", "float64")
     assert "tiny-weights-causal" in keyword.stdout and "tiny-softmax" not in keyword.stdout
-    assert "1 cases in 1 topics, 1 tests per backend" in keyword.stdout
+    assert "1 cases of the quick profile in 1 topics, 1 tests per backend" in keyword.stdout
+
+
+def test_list_validate_and_certify_count_alike(tiny, capsys, tmp_path):
+    """The three commands give the same cases and tests, and name the profile they count."""
+    listed = re.search(r"(\d+) cases of the quick profile in \d+ topics, (\d+) tests",
+                       run(capsys, "--spec-dir", tiny, "list").stdout).groups()
+    validated = re.search(r"quick profile (\d+) cases, (\d+) tests",
+                          run(capsys, "--spec-dir", tiny, "validate").stdout).groups()
+    certified = cli("--spec-dir", tiny, "certify", "numpy", "-q", "-p", "no:cacheprovider")
+    summary = re.search(r"(\d+) cases of the quick profile \(of \d+\)", certified.stdout).groups()
+    ran = re.search(r"(\d+) passed", certified.stdout).group(1)
+    assert listed == validated == (summary[0], ran), (listed, validated, summary, ran)
 
 
 def test_list_of_the_real_spec_names_the_worked_examples(capsys):
@@ -91,7 +103,7 @@ def test_certify_exit_status_and_failure_message(tiny):
               "-q", "--", "-x")                                   # after --: pytest's -x
     assert bad.returncode == 1
     assert "1 failed" in bad.stdout                               # -x stopped it
-    assert "tiny/tiny-sdpa-default-scale[L3-D4-float64] failed on backend 'bad-scale'" in bad.stdout
+    assert "tiny/tiny-sdpa-default-scale[L3-D4-float64] on backend 'bad-scale'" in bad.stdout
     assert "worst abs error" in bad.stdout and "tolerance" in bad.stdout
     unknown = cli("certify", "no-such-backend")
     assert unknown.returncode == 4 and "unknown backend 'no-such-backend'" in unknown.stderr

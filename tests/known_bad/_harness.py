@@ -27,7 +27,8 @@ def bug_files() -> list[Path]:
 
 def load_bug(path: Path):
     """The backend of a known-bad adapter file, through the suite's own loader."""
-    [cls] = re.findall(r"^class (\w+)\(Planted\)", path.read_text(), re.MULTILINE)
+    [cls] = re.findall(r"^class (\w+)\((?:Planted|TiledPlanted)\)", path.read_text(),
+                       re.MULTILINE)
     return load_backend(f"{path}:{cls}")
 
 
