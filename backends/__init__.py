@@ -6,4 +6,7 @@ BUILTIN = {
     "torch": "attention_conformance.backends.torch:TorchBackend",
     "jax": "attention_conformance.backends.jax:JaxBackend",
     "tensorflow": "attention_conformance.backends.tensorflow:TensorflowBackend",
+    "onnxruntime": "attention_conformance.backends.onnxruntime:OnnxruntimeBackend",
+    "onnx-reference": "attention_conformance.backends.onnx_reference:OnnxReferenceBackend",
+    "paddle": "attention_conformance.backends.paddle:PaddleBackend",
 }

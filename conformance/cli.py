@@ -240,7 +240,8 @@ def _export(args) -> int:
 # --- report ----------------------------------------------------------------------------
 
 def _report(args) -> int:
-    from .report import load_results, matrix_markdown, write_matrix
+    from .report import load_results, matrix_markdown
+    from .report_html import write_matrix
 
     directory = Path(args.directory)
     results = load_results(directory) if directory.is_dir() else []
@@ -330,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = command("certify", "run the conformance cases on a backend (pytest underneath); "
                 "options not listed here go to pytest (e.g. --junitxml=PATH, -x, -n 2), "
                 "as does everything after --",
-                epilog="BACKEND: numpy | torch | jax | tensorflow | an entry point name | "
+                epilog="BACKEND: numpy | torch | jax | tensorflow | onnxruntime | onnx-reference | "
+                       "paddle | an entry point name | "
                        "package.module:attr | path/to/file.py:attr")
     c.add_argument("backend", metavar="BACKEND")
     c.add_argument("--dtype", action="append", choices=DTYPES,

@@ -14,7 +14,8 @@ PROFILES = ("quick", "long", "all")
 def pytest_addoption(parser):
     group = parser.getgroup("attention-conformance")
     group.addoption("--backend", help="backend to certify: numpy | torch | jax | tensorflow |"
-                    " an entry point name | package.module:attr | path/file.py:attr")
+                    " onnxruntime | onnx-reference | paddle | an entry point name |"
+                    " package.module:attr | path/file.py:attr")
     group.addoption("--spec-dir", default=None, help="case files to run (default: the spec"
                     " the package carries, or $ATTENTION_CONFORMANCE_SPEC/cases)")
     group.addoption("--profile", choices=PROFILES, default="quick",

@@ -1,5 +1,5 @@
 """Reports: the end-of-run summary, a backend's Markdown report, the matrix of backends
-(Markdown here; the static HTML page is report_html.py).
+(Markdown here; the static HTML page, and writing both, is report_html.py).
 
 The colour rule of the matrix (docs/cli.md), one tone per cell of counts (``tone``):
 grey ``none`` where nothing ran (no test, or only unsupported ones), red ``bad`` where
@@ -279,23 +279,6 @@ def _fraction(counts: dict) -> str:
     ok = counts.get("pass", 0) + counts.get("xfail", 0)
     extra = f" ({counts['xfail']} xfail)" if counts.get("xfail") else ""
     return f"{ok}/{run}{extra}" if counts else "-"
-
-
-def matrix_html(results: list[dict]) -> str:
-    """The matrix as one static HTML page (report_html.py)."""
-    from .report_html import matrix_html as page
-
-    return page(results)
-
-
-def write_matrix(results: list[dict], directory: Path) -> list[Path]:
-    """matrix.md and matrix.html into directory."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    md, page = directory / "matrix.md", directory / "matrix.html"
-    md.write_text(matrix_markdown(results))
-    page.write_text(matrix_html(results))
-    return [md, page]
 
 
 def write_backend_report(log, directory: Path) -> list[Path]:

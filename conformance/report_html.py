@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import html
 
-from .report import _matrix_tables, failure_groups, _group_row, GROUP_HEADER, SEVERITY
+from pathlib import Path
+
+from .report import GROUP_HEADER, SEVERITY, _group_row, _matrix_tables, failure_groups, matrix_markdown
 from .results import STATUS_LABELS
 
 TONES = {
@@ -200,3 +202,13 @@ def matrix_html(results: list[dict]) -> str:
         parts += _table(table_id, header, rows)
     parts += [f"<script>{_SCRIPT}</script>", "</body>", "</html>"]
     return "\n".join(parts) + "\n"
+
+
+def write_matrix(results: list[dict], directory: Path) -> list[Path]:
+    """matrix.md and matrix.html into directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    md, page = directory / "matrix.md", directory / "matrix.html"
+    md.write_text(matrix_markdown(results))
+    page.write_text(matrix_html(results))
+    return [md, page]

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from attention_conformance.report import failure_groups, matrix_html, matrix_markdown
+from attention_conformance.report import failure_groups, matrix_markdown
+from attention_conformance.report_html import matrix_html
 from attention_conformance.report_html import TONES
 from attention_conformance.results import ResultLog
 

@@ -199,7 +199,7 @@ def test_a_planted_bug_fails_through_the_pytest_plugin():
     assert done.returncode == 1, out[-3000:] + done.stderr[-3000:]
     assert (f"test:   worked_examples/{case}[Lq3-Lk4-D64-float32] on backend 'bad-wrong-scale', "
             "dtype float32") in out
-    assert f"FAILED spec/cases/worked_examples.yaml::{case}[Lq3-Lk4-D64-float32] - golden out:" in out
+    assert f"FAIL worked_examples/{case}[Lq3-Lk4-D64-float32]: golden out:" in out
     assert "op:     sdpa; inputs: q (3, 64), k (4, 64), v (4, 64); params: none" in out
     assert "golden out: worst abs error" in out and "tolerance" in out
     assert "2 failed" in out
