@@ -36,6 +36,13 @@ def pytest_addoption(parser):
                     help="write this backend's results (JSON and Markdown) into DIR")
 
 
+def pytest_load_initial_conftests(early_config, parser, args):
+    """A certification imports no conftest.py: a spec folder is data, and a conftest.py
+    planted in it (or above it) must not run."""
+    if getattr(early_config.known_args_namespace, "backend", None):
+        early_config.known_args_namespace.noconftest = True
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "conformance: a case of the attention spec")
     if config.getoption("backend"):

@@ -29,6 +29,7 @@ from .results import ResultLog, record_for
 from .runner import run_case
 from .spec_folder import SpecFolder
 from .spec_loader import SpecError, load_spec
+from .spec_yaml import printable
 from .timeout import CaseTimeout, time_limit
 
 
@@ -84,6 +85,23 @@ def _errors_outside_case_files(state) -> list:
 
 def _state(config) -> State | None:
     return config.stash.get(_STATE, None)
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """Nothing in the spec folder is collected but its case files: no test module, no
+    other file, no subfolder (with --backend, the plugin also turns conftest.py off)."""
+    state = _state(config)
+    if state is None:
+        return None
+    root, cases = state.folder.root, state.cases_dir
+    path = Path(collection_path).resolve()
+    if path == cases or path in cases.parents:
+        return None
+    if path.parent == cases and path.suffix == ".yaml" and not path.is_symlink():
+        return None
+    if root == path or root in path.parents or cases in path.parents:
+        return True
+    return None
 
 
 def pytest_collect_file(file_path: Path, parent):
@@ -210,7 +228,7 @@ class CaseItem(pytest.Item):
             shapes = "(inputs could not be built)"
         params = ", ".join(f"{k}={v!r}" for k, v in self.case.params.items()) or "none"
         return (f"  test:   {self.test_id} on backend {state.info['name']!r}, dtype {self.dtype}\n"
-                f"  case:   {self.case.description} ({self.case.where()})\n"
+                f"  case:   {printable(self.case.description)} ({self.case.where()})\n"
                 f"  op:     {self.case.op}; inputs: {shapes}; params: {params}\n")
 
     def repr_failure(self, excinfo):

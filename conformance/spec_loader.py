@@ -165,6 +165,10 @@ def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
         else (lambda case: [])
     spec, seen = Spec([], errors), {}
     for path in sorted(cases_dir.glob("*.yaml")):
+        if path.is_symlink() or not path.is_file():
+            spec.errors.append(SpecError(_file_name(path, root), 0, None, "a case file must be a"
+                                         " regular file inside the folder (a link is refused)"))
+            continue
         key = _cache_key(path, schema, known_dtypes) if cache and check else None
         cached = key and _from_cache(_file_name(path, root), key)
         if cached:
