@@ -137,8 +137,11 @@ class IsolatedBackend:
     # --- calls -------------------------------------------------------------------------
     def call(self, op: str, args, kwargs):
         if self._proc is None or (self.restart_every and self._calls >= self.restart_every):
+            started = time.monotonic()
             self.close()
             self._start()
+            if self.deadline is not None:       # starting a process is not the call's time
+                self.deadline += time.monotonic() - started
         self._calls += 1
         spec = OPS[op]
         arrays = dict(zip(spec.positional, args))
