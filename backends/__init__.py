@@ -4,6 +4,10 @@
 BUILTIN = {
     "numpy": "backends.numpy:NumpyBackend",
     "torch": "backends.torch:TorchBackend",
+    "torch-math": "backends.torch_kernels:TorchMathBackend",
+    "torch-flash": "backends.torch_kernels:TorchFlashBackend",
+    "torch-efficient": "backends.torch_kernels:TorchEfficientBackend",
+    "torch-cudnn": "backends.torch_kernels:TorchCudnnBackend",
     "jax": "backends.jax:JaxBackend",
     "tensorflow": "backends.tensorflow:TensorflowBackend",
 }

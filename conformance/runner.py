@@ -52,7 +52,11 @@ class Context:
         merged = dict(self.case.params if op == self.case.op else {}, **params)
         arrays = arrays or self.arrays
         before = _snapshot(arrays)
-        raw = call_backend(self.backend, op, arrays, merged)
+        try:
+            raw = call_backend(self.backend, op, arrays, merged)
+        except NotImplementedError as exc:   # the case cannot be judged on this backend
+            raise Unsupported(f"a check of this case calls {op}, which the backend does "
+                              f"not support here: {exc or type(exc).__name__}") from None
         _unchanged(before, arrays)
         return [np.asarray(r, dtype=np.float64) for r in raw]
 
