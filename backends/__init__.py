@@ -9,5 +9,6 @@ BUILTIN = {
     "torch-efficient": "backends.torch_kernels:TorchEfficientBackend",
     "torch-cudnn": "backends.torch_kernels:TorchCudnnBackend",
     "jax": "backends.jax:JaxBackend",
+    "jax-cudnn": "backends.jax:JaxCudnnBackend",
     "tensorflow": "backends.tensorflow:TensorflowBackend",
 }

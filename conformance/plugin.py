@@ -30,6 +30,10 @@ def pytest_addoption(parser):
     group = parser.getgroup("attention-conformance")
     group.addoption("--backend", help="backend to certify: numpy | torch | jax | tensorflow |"
                     " an entry point name | package.module:attr | path/file.py:attr")
+    group.addoption("--device", default=None,
+                    help="build the backend with device=DEVICE (torch: cpu, cuda, cuda:N; "
+                    "jax: cpu, gpu); default: the backend's own (the CPU for the built-in "
+                    "ones); a device the machine lacks is a load error, never the CPU")
     group.addoption("--spec-dir", default=None, help="case files to run (default spec/cases)")
     group.addoption("--profile", choices=("quick", "long", "all"), default="quick",
                     help="quick (default) skips the long-sequence cases; long runs only them")
@@ -48,7 +52,7 @@ class State:
 
     def __init__(self, config):
         self.config = config
-        self.backend = load_backend(config.getoption("backend"))
+        self.backend = load_backend(config.getoption("backend"), config.getoption("device"))
         self.info = describe(self.backend)
         cases_dir = Path(config.getoption("spec_dir") or CASES_DIR).resolve()
         self.cases_dir = cases_dir
