@@ -8,6 +8,8 @@ BUILTIN = {
     "torch-flash": "backends.torch_kernels:TorchFlashBackend",
     "torch-efficient": "backends.torch_kernels:TorchEfficientBackend",
     "torch-cudnn": "backends.torch_kernels:TorchCudnnBackend",
+    "torch-flex": "backends.torch_flex:TorchFlexBackend",
+    "torch-flex-compiled": "backends.torch_flex:TorchFlexCompiledBackend",
     "jax": "backends.jax:JaxBackend",
     "jax-cudnn": "backends.jax:JaxCudnnBackend",
     "tensorflow": "backends.tensorflow:TensorflowBackend",
