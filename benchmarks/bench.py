@@ -82,8 +82,8 @@ IMPORT_CODE = ("import time; t = time.perf_counter(); import {module}; "
 
 LOAD_CODE = """\
 import time
-import conformance.plugin  # the runner's own imports, paid by every run
-from conformance.loading import load_backend
+import attention_conformance.plugin  # the runner's own imports, paid by every run
+from attention_conformance.loading import load_backend
 t = time.perf_counter()
 load_backend({name!r})
 print(time.perf_counter() - t)
@@ -92,7 +92,7 @@ print(time.perf_counter() - t)
 MEMORY_CODE = """\
 import contextlib, json, resource, sys, time
 import numpy as np
-from conformance import reference
+from attention_conformance import reference
 
 
 def rss_mb():
@@ -493,7 +493,7 @@ class Bench:
                                                  width=100), encoding="utf-8")
         if factor > 1:
             env = dict(self.runner.env, ATTENTION_CONFORMANCE_SPEC=str(dest))
-            _, rc, out = self.runner.run([sys.executable, "-m", "conformance", "golden",
+            _, rc, out = self.runner.run([sys.executable, "-m", "attention_conformance", "golden",
                                           "regenerate"], env=env)
             if rc != 0:
                 log(f"golden regenerate for the x{factor} spec failed (rc {rc}):\n{tail(out)}")

@@ -1,6 +1,6 @@
 """Golden data for other projects' tests: a case's inputs, params and expected outputs.
 
-    from conformance.api import load_case
+    from attention_conformance.api import load_case
 
     case = load_case("wo-shi-xiao-gou-causal-first-row")
     args, kwargs = case.arguments("float32")          # positional inputs, keywords + params
@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from .golden import GoldenStore, golden_entries, rounded_inputs
-from .interface import OPERATIONS, OUTPUTS
-from .paths import CASES_DIR
-from .runner import cast_inputs, worst_error
-from .spec import Case, load_spec
-from .tolerances import load_tolerances
+from .calling import cast_inputs
+from .case import Case
+from .comparison import compare
+from .golden_compute import golden_entries, rounded_inputs
+from .golden_store import GoldenStore
+from .ops import OPS
+from .spec_folder import SpecFolder
+from .spec_loader import load_spec
 
 
 class CaseNotFound(LookupError):
@@ -34,30 +35,27 @@ class CaseNotFound(LookupError):
 
 
 @functools.lru_cache(maxsize=8)
-def _spec(cases_dir: Path):
-    spec = load_spec(cases_dir)
+def _spec(folder: SpecFolder):
+    spec = load_spec(folder)
     return spec, spec.by_id()
-
-
-def _cases_dir(spec_dir) -> Path:
-    return Path(spec_dir).resolve() if spec_dir else CASES_DIR
 
 
 def list_cases(topic: str | None = None, *, spec_dir=None) -> list[str]:
     """Ids of every valid case (of one topic if given), in spec order."""
-    spec, _ = _spec(_cases_dir(spec_dir))
+    spec, _ = _spec(SpecFolder.from_option(spec_dir))
     return [c.id for c in spec.cases if topic is None or c.topic == topic]
 
 
 def load_case(case_id: str, *, spec_dir=None) -> "GoldenCase":
-    """The case with this id (spec_dir: a folder of case files, default spec/cases)."""
-    cases_dir = _cases_dir(spec_dir)
-    spec, by_id = _spec(cases_dir)
+    """The case with this id (spec_dir: a spec folder or its cases folder; default: the
+    spec the package carries)."""
+    folder = SpecFolder.from_option(spec_dir)
+    spec, by_id = _spec(folder)
     if case_id not in by_id:
         invalid = [str(e) for e in spec.errors if e.case_id == case_id]
         hint = f" (it is invalid: {invalid[0]})" if invalid else ""
-        raise CaseNotFound(f"no case {case_id!r} in {cases_dir}{hint}")
-    return GoldenCase(by_id[case_id], GoldenStore(cases_dir.parent / "golden"))
+        raise CaseNotFound(f"no case {case_id!r} in {folder.cases_dir}{hint}")
+    return GoldenCase(by_id[case_id], GoldenStore.of(folder))
 
 
 def _policy_key(policy):
@@ -121,12 +119,12 @@ class GoldenCase:
     @property
     def positional(self) -> tuple:
         """Names of the op's positional inputs, in order."""
-        return OPERATIONS[self.case.op]
+        return OPS[self.case.op].positional
 
     @property
     def outputs(self) -> tuple:
         """Names of the op's outputs ('out', or dq, dk, dv for sdpa_vjp)."""
-        return OUTPUTS[self.case.op]
+        return OPS[self.case.op].outputs
 
     @property
     def policies(self) -> tuple:
@@ -191,7 +189,7 @@ class GoldenCase:
 
     def tolerance(self, dtype: str = "float64", variant=None, policy=None) -> dict[str, float]:
         """output name -> the largest absolute error allowed at a finite position."""
-        rule = load_tolerances()
+        rule = self.store.tolerances
         return {n: rule.output(dtype, err, g)
                 for n, (g, err) in self._golden(dtype, variant, policy).items()}
 
@@ -211,12 +209,11 @@ class GoldenCase:
             if actual.shape != gold.shape:
                 problems.append(f"{name}: shape {actual.shape}, expected {gold.shape}")
                 continue
-            error, index, pattern = worst_error(actual, gold)
-            tol = tolerance[name]
-            ratios[name] = error / tol if tol else (0.0 if error == 0 else np.inf)
-            if ratios[name] > 1:
-                problems.append(f"{name}: {pattern or f'error {error:.3g}'} at {list(index)}"
-                                f" exceeds the tolerance {tol:.3g}")
+            result = compare(actual, gold, tolerance[name])
+            ratios[name] = result.ratio
+            if not result.ok:
+                problems.append(f"{name}: {result.describe(dtype)} exceeds the tolerance"
+                                f" {result.tolerance:.3g}")
         if problems:
             raise AssertionError(f"case {self.id} ({dtype}): " + "; ".join(problems))
         return ratios

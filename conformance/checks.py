@@ -1,58 +1,81 @@
-"""The expectations of a case: golden, exact, properties, statistic, policy."""
+"""The expectations of a case, judged on one run: golden, exact, properties, statistic,
+and the outcome under the backend's declared policy. judge() runs them all and raises
+one CheckFailure that lists every broken expectation."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from .golden import GoldenError
+from .comparison import compare, digits
+from .context import Context
+from .dtypes import round_to
+from .golden_store import GoldenError
+from .indexing import parse_index, split_target
+from .ops import OPS
+from .outcomes import CheckFailure
 from .properties import PROPERTIES
-from .runner import CheckFailure, Context, exact_value, target, worst_error
 from .statistics import STATISTICS
-from .tolerances import load_tolerances
 
 
-def check_golden(ctx: Context, policy=None) -> float:
-    """Compare every output with its golden; return the worst error / tolerance."""
-    tolerances = load_tolerances()
-    worst = 0.0
-    problems = []
-    entries = ctx.golden.get(ctx.case, ctx.variant, ctx.dtype, policy)
-    for name, (gold, plain_error) in entries.items():
-        actual = ctx.outputs[name]
-        tol = tolerances.output(ctx.dtype, plain_error, gold)
-        error, index, pattern = worst_error(actual, gold)
-        ratio = error / tol if tol > 0 else (0.0 if error == 0 else np.inf)
-        worst = max(worst, ratio)
-        if ratio > 1:
-            problems.append(
-                f"golden {name}{_policy_label(policy)}: "
-                + (f"{pattern} at {list(index)} " if pattern else
-                   f"worst abs error {error:.3g} at {list(index)} ")
-                + f"(got {actual[index]:.6g}, expected {gold[index]:.6g}); "
-                f"tolerance {tol:.3g} = {tolerances.multiplier:g} x max(plain {ctx.dtype}"
-                f" error {plain_error:.3g}, u x max|golden|)")
-    if problems:
-        raise CheckFailure("\n".join(problems))
-    return worst
+@dataclass
+class Result:
+    """What a case variant produced on a backend, for reports."""
+
+    worst_ratio: float = 0.0          # largest error / tolerance over golden comparisons
+    failures: list = field(default_factory=list)
 
 
 def _policy_label(policy):
     return f" under {policy[0]}={policy[1]}" if policy else ""
 
 
+def check_golden(ctx: Context, policy=None) -> float:
+    """Compare every output with its golden; return the worst error / tolerance."""
+    rule = ctx.tolerances
+    worst, problems = 0.0, []
+    for name, (gold, plain_error) in ctx.golden.get(ctx.case, ctx.variant, ctx.dtype,
+                                                    policy).items():
+        result = compare(ctx.outputs[name], gold, rule.output(ctx.dtype, plain_error, gold))
+        worst = max(worst, result.ratio)
+        if not result.ok:
+            problems.append(
+                f"golden {name}{_policy_label(policy)}: {result.describe(ctx.dtype)}"
+                + ("" if result.pattern else
+                   f"; tolerance {result.tolerance:.3g} = {rule.multiplier:g} x max(plain"
+                   f" {ctx.dtype} error {plain_error:.3g}, u x max|golden|)"))
+    if problems:
+        raise CheckFailure("\n".join(problems))
+    return worst
+
+
+def exact_value(ctx: Context, value, shape):
+    """The expected exact value of a spec 'exact' entry, rounded to the case dtype."""
+    if isinstance(value, dict):
+        source = ctx.exact_inputs[value["input"]][parse_index(value.get("at", "[...]"))]
+        return np.broadcast_to(source, shape)
+    return np.broadcast_to(round_to(np.array(value, dtype=np.float64), ctx.dtype), shape)
+
+
+def target(ctx: Context, text: str):
+    """(output, index, selected values) of an `exact` key such as ``out[0, :]``."""
+    output, index = split_target(text, OPS[ctx.case.op].outputs[0])
+    return output, index, ctx.outputs[output][index]
+
+
 def check_exact(ctx: Context, exact: dict, policy=None) -> None:
     problems = []
+    n = digits(ctx.dtype)
     for text, value in exact.items():
         _, _, actual = target(ctx, text)
         expected = exact_value(ctx, value, np.shape(actual))
-        same = np.array_equal(actual, expected, equal_nan=True)
-        if not same:
+        if not np.array_equal(actual, expected, equal_nan=True):
             bad = np.argwhere(~((actual == expected) | (np.isnan(actual) & np.isnan(expected))))
             where = tuple(int(i) for i in bad[0]) if bad.size else ()
-            problems.append(
-                f"exact {text}{_policy_label(policy)}: got {np.asarray(actual)[where].tolist()!r} "
-                f"at {list(where)} of the selection, expected exactly "
-                f"{np.asarray(expected)[where].tolist()!r}")
+            got, want = np.asarray(actual)[where], np.asarray(expected)[where]
+            problems.append(f"exact {text}{_policy_label(policy)}: got {float(got):.{n}g} at "
+                            f"{list(where)} of the selection, expected exactly {float(want):.{n}g}")
     if problems:
         raise CheckFailure("\n".join(problems))
 
@@ -70,14 +93,15 @@ def check_properties(ctx: Context, properties, policy=None) -> None:
 
 
 def check_outcome(ctx: Context, outcome: dict, policy=None) -> float:
-    ratio = 0.0
-    problems = []
-    for run in (_golden_part, _exact_part, _properties_part):
+    """Every part of one outcome (golden, exact, properties), each checked even when
+    another fails; the worst golden error / tolerance."""
+    ratio, problems = 0.0, []
+    for part in (_golden_part, _exact_part, _properties_part):
         try:
-            ratio = max(ratio, run(ctx, outcome, policy))
+            ratio = max(ratio, part(ctx, outcome, policy))
         except CheckFailure as exc:
             problems.append(str(exc))
-        except GoldenError as exc:      # the other parts are still checked
+        except GoldenError as exc:
             problems.append(f"golden data: {exc}")
     if problems:
         raise CheckFailure("\n".join(problems))
@@ -127,3 +151,26 @@ def check_statistics(ctx: Context, statistics) -> float:
     if problems:
         raise CheckFailure("\n".join(problems))
     return 0.0
+
+
+def judge(ctx: Context) -> Result:
+    """Every expectation of the case; CheckFailure listing each one broken."""
+    result = Result()
+    expect = ctx.case.expect
+    _collect(result, check_outcome, ctx, expect, None)
+    if "policy" in expect:
+        _collect(result, policy_outcome, ctx, expect["policy"])
+    if "statistic" in expect:
+        _collect(result, check_statistics, ctx, expect["statistic"])
+    if result.failures:
+        raise CheckFailure("\n".join(result.failures))
+    return result
+
+
+def _collect(result, check, *args):
+    try:
+        result.worst_ratio = max(result.worst_ratio, check(*args) or 0.0)
+    except CheckFailure as exc:
+        result.failures.append(str(exc))
+    except GoldenError as exc:
+        result.failures.append(f"golden data: {exc}")

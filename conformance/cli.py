@@ -1,4 +1,4 @@
-"""The command line: attention-conformance (also python -m conformance).
+"""The command line: attention-conformance (also python -m attention_conformance).
 
 Commands: certify, list, validate, golden check|regenerate, export, report, fuzz.
 docs/cli.md documents each of them.
@@ -12,19 +12,22 @@ import re
 import sys
 from pathlib import Path
 
-from . import golden
-from .paths import CASES_DIR, GOLDEN_DIR
-from .spec import load_spec
+from . import golden_freeze
+from .case import profile_counts
+from .dtypes import DTYPES
+from .golden_store import GoldenError
+from .ops import OPS
+from .plugin import PROFILES
+from .spec_folder import SpecFolder
+from .spec_loader import load_spec
 
-_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+def _folder(args) -> SpecFolder:
+    return SpecFolder.from_option(args.spec_dir)
 
 
 def _cases_dir(args) -> Path:
-    return Path(args.spec_dir).resolve() if args.spec_dir else CASES_DIR
-
-
-def _golden_dir(args) -> Path:
-    return GOLDEN_DIR if not args.spec_dir else _cases_dir(args).parent / "golden"
+    return _folder(args).cases_dir
 
 
 def _err(*text):
@@ -34,12 +37,13 @@ def _err(*text):
 # --- validate, golden ------------------------------------------------------------------
 
 def _validate(args) -> int:
-    spec = load_spec(args.spec_dir or CASES_DIR)
+    spec = load_spec(_folder(args))
     for error in spec.errors:
         print(error)
-    variants = sum(len(c.variants) * len(c.dtypes) for c in spec.cases)
-    print(f"{len(spec.cases)} valid cases ({variants} tests per backend), "
-          f"{len(spec.errors)} problems")
+    counts = {p: profile_counts(spec.cases, p) for p in ("quick", "long")}
+    print(f"{len(spec.cases)} valid cases: "
+          + "; ".join(f"{p} profile {n} cases, {t} tests per backend" for p, (n, t) in counts.items())
+          + f"; {len(spec.errors)} problems")
     return 1 if spec.errors else 0
 
 
@@ -78,15 +82,14 @@ def _change_summary(changes) -> list[str]:
 
 
 def _golden(args) -> int:
-    spec = load_spec(args.spec_dir or CASES_DIR)
+    spec = load_spec(_folder(args))
     for error in spec.errors:
         print(error, file=sys.stderr)
     if spec.errors:
         print("fix the spec first: golden data are only made from valid cases", file=sys.stderr)
         return 1
-    directory = _golden_dir(args)
     if args.action == "regenerate":
-        changes = golden.regenerate(spec.cases, directory)
+        changes = golden_freeze.regenerate(spec.cases, _folder(args))
         for key, what in changes:
             print(f"{key}: {what}")
         print(f"{len(changes)} golden arrays changed")
@@ -95,7 +98,7 @@ def _golden(args) -> int:
             print(f"{len(summary)} cases changed:")
             print("\n".join(summary))
         return 0
-    problems = golden.check(spec.cases, directory)
+    problems = golden_freeze.check(spec.cases, _folder(args))
     for problem in problems:
         print(problem)
     print("golden data match the reference" if not problems else f"{len(problems)} problems")
@@ -121,7 +124,7 @@ def _selected(case, args) -> bool:
 
 
 def _list(args) -> int:
-    spec = load_spec(_cases_dir(args))
+    spec = load_spec(_folder(args))
     cases = [c for c in spec.cases if _selected(c, args)]
     if args.ids:
         for case in cases:
@@ -140,7 +143,8 @@ def _list(args) -> int:
             tests += n
             long = " [long]" if c.profile == "long" else ""
             print(f"  {c.id:<{width}}  {c.op:<20} {n:>3} tests  {c.description}{long}")
-    print(f"{len(cases)} cases in {len(topics)} topics, {tests} tests per backend"
+    print(f"{len(cases)} cases of the {args.profile} profile in {len(topics)} topics, "
+          f"{tests} tests per backend"
           + (f"; {len(spec.errors)} spec problems (run: attention-conformance validate)"
              if spec.errors else ""))
     return 0
@@ -153,17 +157,21 @@ def _plugin_autoloads() -> bool:
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         return False
     from importlib.metadata import entry_points
-    return any(ep.value == "conformance.plugin" for ep in entry_points(group="pytest11"))
+    return any(ep.value == "attention_conformance.plugin" for ep in entry_points(group="pytest11"))
 
 
 def certify_argv(args, passthrough) -> list[str]:
     """The pytest command line that certify runs."""
     cases_dir = _cases_dir(args)
-    argv = [] if _plugin_autoloads() else ["-p", "conformance.plugin"]
+    argv = [] if _plugin_autoloads() else ["-p", "attention_conformance.plugin"]
     # this process imported conformance before pytest could mark it for assertion
     # rewriting; the plugin asserts nothing, so pytest's warning about it is noise
     argv += ["-W", "ignore:Module already imported so cannot be rewritten"
                    ":pytest.PytestAssertRewriteWarning"]
+    # the spec folder is data: no ini file, conftest.py or cache of pytest's is read
+    # from it or from where certify runs, and nothing is written into it
+    argv += ["-c", os.devnull, "--rootdir", str(_folder(args).root), "--noconftest",
+             "-p", "no:cacheprovider"]
     argv += [str(cases_dir), "--backend", args.backend]
     if getattr(args, "device", None):
         argv += ["--device", args.device]
@@ -194,9 +202,14 @@ def _certify(args, passthrough) -> int:
 # --- export ----------------------------------------------------------------------------
 
 def _export(args) -> int:
-    from .export import export
+    from .export import ExportError, check_target, export
 
-    spec = load_spec(_cases_dir(args))
+    try:
+        check_target(Path(args.directory), args.force)      # before the spec is loaded
+    except ExportError as exc:
+        _err(f"export: {exc}")
+        return 2
+    spec = load_spec(_folder(args))
     for error in spec.errors:
         _err(f"skipped (invalid): {error}")
     cases = [c for c in spec.cases if _selected(c, args)
@@ -215,9 +228,13 @@ def _export(args) -> int:
             _err(f"export: {done}/{total} cases ({case_id})")
 
     try:
-        index = export(cases, Path(args.directory), args.format, golden_dir=_golden_dir(args),
-                       dtypes=args.dtype, spec_dir=_cases_dir(args).parent, progress=progress)
-    except golden.GoldenError as exc:
+        index = export(cases, Path(args.directory), args.format,
+                       golden_dir=_folder(args).golden_dir, dtypes=args.dtype,
+                       spec_dir=_folder(args).root, progress=progress, force=args.force)
+    except ExportError as exc:
+        _err(f"export: {exc}")
+        return 2
+    except GoldenError as exc:
         _err(f"golden data: {exc}")
         return 1
     files = sum(len(c["entries"]) for c in index["cases"])
@@ -229,7 +246,8 @@ def _export(args) -> int:
 # --- report ----------------------------------------------------------------------------
 
 def _report(args) -> int:
-    from .report import load_results, matrix_markdown, write_matrix
+    from .report import load_results, matrix_markdown
+    from .report_html import write_matrix
 
     directory = Path(args.directory)
     results = load_results(directory) if directory.is_dir() else []
@@ -248,7 +266,7 @@ def _report(args) -> int:
 # --- fuzz ------------------------------------------------------------------------------
 
 def _fuzz(args) -> int:
-    from .fuzz import OPS, case_file_yaml, fuzz
+    from .fuzz import FUZZED_OPS, case_file_yaml, fuzz
     from .loading import BackendLoadError, load_backend
 
     try:
@@ -270,7 +288,7 @@ def _fuzz(args) -> int:
 
     try:
         report = fuzz(backend, examples=args.examples, seed=args.seed, dtypes=args.dtype,
-                      ops=args.op or OPS, progress=None if args.quiet else progress)
+                      ops=args.op or FUZZED_OPS, progress=None if args.quiet else progress)
     except ValueError as exc:
         _err(str(exc))
         return 2
@@ -293,11 +311,11 @@ def _fuzz(args) -> int:
 def _filters(p, what="cases"):
     p.add_argument("--topic", action="append", help=f"only {what} of this topic (repeatable)")
     p.add_argument("--op", action="append", help=f"only {what} of this op (repeatable)")
-    p.add_argument("--dtype", action="append", choices=_DTYPES,
+    p.add_argument("--dtype", action="append", choices=DTYPES,
                    help="only this dtype (repeatable)")
     p.add_argument("-k", dest="keyword", default=None,
                    help="only cases whose id, topic, description or source contains this text")
-    p.add_argument("--profile", choices=("quick", "long", "all"), default="quick",
+    p.add_argument("--profile", choices=PROFILES, default="quick",
                    help="quick (default), long (long-sequence cases) or all")
 
 
@@ -319,19 +337,20 @@ def build_parser() -> argparse.ArgumentParser:
     c = command("certify", "run the conformance cases on a backend (pytest underneath); "
                 "options not listed here go to pytest (e.g. --junitxml=PATH, -x, -n 2), "
                 "as does everything after --",
-                epilog="BACKEND: numpy | torch | jax | tensorflow | an entry point name | "
+                epilog="BACKEND: numpy | torch | jax | tensorflow | onnxruntime | onnx-reference | "
+                       "paddle | an entry point name | "
                        "package.module:attr | path/to/file.py:attr")
     c.add_argument("backend", metavar="BACKEND")
     c.add_argument("--device", default=None, metavar="DEVICE",
                    help="build the backend with device=DEVICE (torch: cpu, cuda, cuda:N; "
                         "jax: cpu, gpu); default: the backend's own (the CPU here)")
-    c.add_argument("--dtype", action="append", choices=_DTYPES,
+    c.add_argument("--dtype", action="append", choices=DTYPES,
                    help="run only this dtype (repeatable)")
     c.add_argument("-k", dest="keyword", default=None,
                    help="pytest -k expression over test ids (topic/case-id[variant-dtype])")
     c.add_argument("--report", metavar="DIR", default=None,
                    help="write BACKEND.json and BACKEND.md into DIR")
-    c.add_argument("--profile", choices=("quick", "long", "all"), default=None,
+    c.add_argument("--profile", choices=PROFILES, default=None,
                    help="quick (default) skips long-sequence cases; long runs only them")
     c.add_argument("--expected-failures", action="append", metavar="FILE",
                    help="an expected-failures file for this backend (repeatable)")
@@ -352,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "as plain files (npz or json) with an index and a README")
     e.add_argument("directory", metavar="DIR")
     e.add_argument("--format", choices=("npz", "json"), default="npz")
+    e.add_argument("--force", action="store_true",
+                   help="replace DIR whole if it is not empty (links inside are removed, "
+                        "never followed)")
     e.add_argument("--case", action="append", metavar="ID", help="only this case (repeatable)")
     _filters(e)
 
@@ -368,9 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="build the backend with device=DEVICE (as for certify)")
     f.add_argument("--examples", type=int, default=100, help="cases to draw (default 100)")
     f.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    f.add_argument("--dtype", action="append", choices=_DTYPES,
+    f.add_argument("--dtype", action="append", choices=DTYPES,
                    help="only this dtype (repeatable; default: every dtype the backend declares)")
-    f.add_argument("--op", action="append", choices=("sdpa", "attention_weights", "sdpa_vjp"),
+    f.add_argument("--op", action="append", choices=[o.name for o in OPS.values() if o.fuzzed],
                    help="only this op (repeatable; default all three)")
     f.add_argument("--save", metavar="FILE.yaml", default=None,
                    help="also write the failing case as a complete case file")

@@ -1,4 +1,5 @@
-"""Dtype names of the spec and their NumPy types (bfloat16 through ml_dtypes)."""
+"""The dtypes of the spec: one table of names, NumPy types (bfloat16 through ml_dtypes)
+and unit roundoffs, that the schema, the command line and the tolerances follow."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ NUMPY_DTYPES = {
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
 }
+
+#: the spec's dtype names, widest first
+DTYPES: tuple[str, ...] = tuple(NUMPY_DTYPES)
 
 #: unit roundoff u = 2**-p, p the significand precision in bits (including the implicit one)
 UNIT_ROUNDOFF = {

@@ -29,9 +29,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .spec import SpecError, parse_yaml
+from . import backends
+from .spec_yaml import SpecError, parse_yaml
 
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "backends" / "expected_failures"
+BUILTIN_DIR = Path(backends.__file__).resolve().parent / "expected_failures"
 
 
 @dataclass
@@ -107,13 +108,18 @@ def load_expected(path: Path) -> ExpectedFailures:
     return ExpectedFailures(entries)
 
 
+def _module(backend) -> str:
+    """The module of the backend's class (an isolated backend says which, from its process)."""
+    return getattr(backend, "origin_module", None) or type(backend).__module__
+
+
 def expected_for(backend, extra_files=()) -> ExpectedFailures:
     files = [Path(f) for f in extra_files]
     builtin = BUILTIN_DIR / f"{getattr(backend, 'name', '')}.yaml"
     own = getattr(backend, "expected_failures_file", None)
     if own:
         files.insert(0, Path(own))
-    elif builtin.exists() and type(backend).__module__.startswith("backends."):
+    elif builtin.exists() and _module(backend).startswith(backends.__name__ + "."):
         files.insert(0, builtin)
     merged = ExpectedFailures()
     for path in files:

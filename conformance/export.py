@@ -2,8 +2,8 @@
 
 Layout of the export folder (docs/cli.md and the README.md written into it say more):
 
-    README.md                 the format, and a loader in a dozen lines of NumPy
-    index.json                every case: op, params, expectations, and its files
+    README.md                 the format, and a complete reader that needs only NumPy
+    index.json                every case: op, tags, params, expectations, and its files
     TOPIC/CASE-ID/LABEL.npz   one per variant and dtype (LABEL as in the test ids)
     TOPIC/CASE-ID/LABEL.json  the same in JSON, with --format json
 
@@ -12,26 +12,118 @@ bfloat16 stored as float32, which holds every bfloat16 value exactly), ``expecte
 (float64) and ``tolerance/OUT`` (the largest absolute error allowed); a case whose
 outcome is a declared policy has ``expected/POLICY=CHOICE/OUT`` and
 ``tolerance/POLICY=CHOICE/OUT`` instead or as well.
+
+An export is written into a fresh hidden folder beside DIR and renamed into place, so
+that DIR always holds one complete export (its index lists exactly the files there), a
+failed export leaves the old one untouched, and replacing an old export (``force``)
+removes it whole without following any symbolic link inside it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import secrets
 import shutil
 from pathlib import Path
 
 import numpy as np
 
 from .api import GoldenCase
-from .golden import GoldenStore, golden_entries, write_npz
-from .interface import OPERATIONS, OUTPUTS
+from .golden_compute import generated_inputs, golden_entries
+from .golden_store import GoldenStore, write_npz
+from .ops import OPS
 from .results import spec_hash, suite_version
-from .tolerances import load_tolerances
 
 FORMAT = "attention-conformance-golden/1"
 FORMATS = ("npz", "json")
+#: files of an export that are not data files
+OWN_FILES = ("README.md", "index.json")
 
+
+class ExportError(Exception):
+    """The target folder cannot be written (not empty without force, a link, a file)."""
+
+
+# --- tags -----------------------------------------------------------------------------
+
+#: the inputs whose leading (batch and head) dims are compared, per op
+_BATCHED = {"multi_head_attention": ("query", "key", "value")}
+_QKV = ("q", "k", "v", "d_out")
+
+
+def _leading(shapes: dict, names) -> list[tuple]:
+    """The leading dims (all but the last two) of the named inputs, padded to one rank."""
+    lead = [tuple(shapes[n][:-2]) for n in names if n in shapes]
+    rank = max(map(len, lead), default=0)
+    return [(1,) * (rank - len(s)) + s for s in lead]
+
+
+def _head_groups(shapes: dict) -> bool:
+    """k (rank >= 3) has fewer heads (dim -3) than q: grouped- or multi-query heads.
+
+    One kv head counts only at rank >= 4, where dim -3 is a head dim and not a batch."""
+    q, k = shapes.get("q"), shapes.get("k")
+    if q is None or k is None or len(q) < 3 or len(k) < 3 or k[-3] >= q[-3]:
+        return False
+    return k[-3] > 1 or (len(q) >= 4 and len(k) >= 4)
+
+
+def _grouped_query(case, shapes: dict) -> bool:
+    if case.op == "multi_head_attention":
+        kv = case.params.get("num_kv_heads")
+        return kv is not None and kv != case.params.get("num_heads")
+    return _head_groups(shapes)
+
+
+def _broadcast_batch(case, shapes: dict) -> bool:
+    """A leading dim differs between the inputs (other than grouped-query heads)."""
+    lead = _leading(shapes, _BATCHED.get(case.op, _QKV))
+    if _head_groups(shapes):
+        lead = [s[:-1] for s in lead]
+    return len(set(lead)) > 1
+
+
+def _causal(alignment):
+    return lambda case, shapes: case.params.get("causal") == alignment
+
+
+#: tag -> (what it means, whether one variant of a case has it: f(case, input shapes))
+TAGS: dict[str, tuple] = {
+    "mask": ("a boolean mask input (True: may attend)",
+             lambda case, shapes: "mask" in case.inputs),
+    "bias": ("an additive bias input", lambda case, shapes: "bias" in case.inputs),
+    "causal": ("causal masking, either alignment",
+               lambda case, shapes: case.params.get("causal") is not None),
+    "causal:top_left": ("causal, query i sees keys j <= i", _causal("top_left")),
+    "causal:bottom_right": ("causal, the last query sees the last key (Lq != Lk differs)",
+                            _causal("bottom_right")),
+    "window": ("a sliding window (left, right)",
+               lambda case, shapes: case.params.get("window") is not None),
+    "softcap": ("a softcap of the scores (softcap * tanh(s / softcap))",
+                lambda case, shapes: case.params.get("softcap") is not None),
+    "grouped-query": ("fewer kv heads than query heads (grouped- or multi-query)",
+                      _grouped_query),
+    "broadcast-batch": ("inputs whose leading (batch) dims differ and broadcast",
+                        _broadcast_batch),
+    "long": ("a long-sequence case (profile long)",
+             lambda case, shapes: case.profile == "long"),
+    "policy-dependent": ("the expected outcome is the backend's declared policy choice",
+                         lambda case, shapes: "policy" in case.expect),
+}
+
+
+def case_tags(case, shapes_by_variant) -> list[str]:
+    """The tags of TAGS that hold for a case, in the table's order; shapes_by_variant:
+    for each variant, input name -> shape (a tag holds when it holds for one variant)."""
+    shapes_by_variant = list(shapes_by_variant) or [{}]
+    return [tag for tag, (_, holds) in TAGS.items()
+            if any(holds(case, shapes) for shapes in shapes_by_variant)]
+
+
+# --- data files -----------------------------------------------------------------------
 
 def _stored(array: np.ndarray) -> np.ndarray:
     """An array as written to the file: bfloat16 (not a NumPy type) becomes float32."""
@@ -60,7 +152,10 @@ def jsonable(value):
 
 
 def json_array(array: np.ndarray, dtype: str | None = None) -> dict:
-    """{dtype, shape, data}; data nested lists, non-finite numbers as strings."""
+    """{dtype, shape, data}; data nested lists, non-finite numbers as strings.
+
+    Numbers are written as the shortest decimal that reads back as the same float64,
+    so every float16, float32 and bfloat16 value round-trips exactly."""
     array = np.asarray(array)
     if array.dtype == bool:
         data = array.tolist()
@@ -76,108 +171,221 @@ def _label(variant, dtype) -> str:
     return f"{variant.label}-{dtype}" if variant.label else dtype
 
 
-def _entry(golden: GoldenCase, variant, dtype, directory: Path, relative: str, fmt: str):
-    """Write one variant x dtype of a case; return its index entry."""
-    arrays = golden.inputs(dtype, variant.label)
-    stored = {f"inputs/{n}": _stored(a) for n, a in arrays.items()}
-    expected_sets = []
-    rule = load_tolerances()
+def _golden_arrays(golden: GoldenCase, variant, dtype) -> tuple[dict, list]:
+    """expected/..., tolerance/... arrays of one variant x dtype, and their index sets."""
+    stored, expected_sets = {}, []
+    rule = golden.store.tolerances
     for policy in golden_entries(golden.case):
         prefix = "" if policy is None else f"{policy[0]}={policy[1]}/"
-        data = golden.store.get(golden.case, variant, dtype, policy)
         outputs = {}
-        for name, (gold, plain_error) in data.items():
+        for name, (gold, plain_error) in golden.store.get(golden.case, variant, dtype,
+                                                          policy).items():
             tol = rule.output(dtype, plain_error, gold)
             stored[f"expected/{prefix}{name}"] = np.asarray(gold, dtype=np.float64)
             stored[f"tolerance/{prefix}{name}"] = np.array(tol)
             outputs[name] = {"shape": list(np.shape(gold)), "tolerance": tol}
         expected_sets.append({"policy": None if policy is None else prefix[:-1],
                               "outputs": outputs})
+    return stored, expected_sets
+
+
+def _json_document(golden: GoldenCase, variant, dtype, stored: dict) -> dict:
+    doc = {"case": golden.id, "variant": variant.label, "dtype": dtype,
+           "params": jsonable(golden.params), "inputs": {}, "expected": {}, "tolerance": {}}
+    for key, value in stored.items():
+        group, _, name = key.partition("/")
+        if group == "tolerance":
+            doc[group][name] = float(value)
+        elif group == "inputs":
+            doc[group][name] = json_array(value, None if value.dtype == bool else dtype)
+        else:
+            doc[group][name] = json_array(value, "float64")
+    return doc
+
+
+def _entry(golden: GoldenCase, variant, dtype, directory: Path, relative: str, fmt: str):
+    """Write one variant x dtype of a case; return its index entry."""
+    arrays = golden.inputs(dtype, variant.label)
+    stored = {f"inputs/{n}": _stored(a) for n, a in arrays.items()}
+    gold, expected_sets = _golden_arrays(golden, variant, dtype)
+    stored.update(gold)
     path = directory / f"{_label(variant, dtype)}.{fmt}"
     if fmt == "npz":
         write_npz(path, stored)
     else:
-        doc = {"case": golden.id, "variant": variant.label, "dtype": dtype,
-               "params": jsonable(golden.params)}
-        for key, value in stored.items():
-            group, _, name = key.partition("/")
-            if group == "tolerance":
-                doc.setdefault(group, {})[name] = float(value)
-            else:
-                kind = dtype if (group == "inputs" and value.dtype != bool) else None
-                doc.setdefault(group, {})[name] = json_array(
-                    value, kind if group == "inputs" else "float64")
-        path.write_text(json.dumps(doc, allow_nan=False) + "\n")
+        document = _json_document(golden, variant, dtype, stored)
+        path.write_text(json.dumps(document, allow_nan=False) + "\n")
     return {"file": f"{relative}/{path.name}", "variant": variant.label,
             "dims": dict(variant.dims), "dtype": dtype,
             "inputs": {n: {"shape": list(a.shape),
+                           "dtype": "bool" if a.dtype == bool else dtype,
                            "stored_as": str(_stored(a).dtype)} for n, a in arrays.items()},
             "expected": expected_sets}
 
 
+def _case_record(case, golden: GoldenCase, entries: list, shapes: list) -> dict:
+    return {"id": case.id, "topic": case.topic, "op": case.op,
+            "tags": case_tags(case, shapes),
+            "description": case.description, "source": case.source,
+            "positional": list(OPS[case.op].positional), "outputs": list(OPS[case.op].outputs),
+            "params": jsonable(golden.params), "dtypes": list(case.dtypes),
+            "expect": jsonable(case.expect),
+            "golden": golden.has_golden, "entries": entries}
+
+
+def _write_cases(cases, root: Path, fmt: str, store, dtypes, progress) -> list[dict]:
+    records = []
+    for done, case in enumerate(cases, 1):
+        golden = GoldenCase(case, store)
+        relative = f"{case.topic}/{case.id}"
+        (root / relative).mkdir(parents=True)
+        entries = [_entry(golden, variant, dtype, root / relative, relative, fmt)
+                   for variant in case.variants for dtype in case.dtypes
+                   if not dtypes or dtype in dtypes]
+        shapes = [{n: a.shape for n, a in generated_inputs(case, variant).items()}
+                  for variant in case.variants]
+        records.append(_case_record(case, golden, entries, shapes))
+        if progress:
+            progress(done, len(cases), case.id)
+    return records
+
+
+# --- the target folder ----------------------------------------------------------------
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_target(directory: Path, force: bool = False, keep=()) -> None:
+    """Raise ExportError unless directory may receive an export: absent, an empty
+    folder, or (force) a folder whose whole content is to be replaced. keep: folders
+    (the golden data being read, ...) that directory must neither be nor hold."""
+    directory = Path(os.path.abspath(directory))
+    if directory.is_symlink():
+        raise ExportError(f"{directory} is a symbolic link; name the folder itself "
+                          f"({os.path.realpath(directory)}) or a new one")
+    if directory.exists() and not directory.is_dir():
+        raise ExportError(f"{directory} exists and is not a folder")
+    for folder in [Path.cwd(), *keep]:
+        if _inside(Path(os.path.realpath(folder)), Path(os.path.realpath(directory))):
+            raise ExportError(f"{directory} holds {folder}, which an export must not "
+                              "replace; choose another folder")
+    if directory.is_dir() and any(directory.iterdir()) and not force:
+        raise ExportError(f"{directory} is not empty; export into a new or empty folder, "
+                          "or pass --force to replace everything in it")
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder tree; symbolic links inside are removed, never followed."""
+    shutil.rmtree(path)
+
+
+def _replace(staging: Path, directory: Path) -> None:
+    """Put the finished export staging at directory, removing what was there."""
+    if not directory.exists():
+        staging.rename(directory)
+        return
+    old = staging.with_name(staging.name + ".old")
+    directory.rename(old)
+    try:
+        staging.rename(directory)
+    except OSError:
+        old.rename(directory)                  # put the previous export back
+        raise
+    _remove(old)
+
+
+def _staging(directory: Path) -> Path:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.parent / f".{directory.name}.export-{secrets.token_hex(6)}"
+    staging.mkdir()
+    return staging
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _file_list(root: Path) -> dict[str, str]:
+    """relative path -> sha256 of every file under root (written before index.json)."""
+    return {p.relative_to(root).as_posix(): _sha256(p)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 def export(cases, directory: Path, fmt: str = "npz", *, golden_dir: Path,
-           dtypes=None, spec_dir: Path | None = None, progress=None) -> dict:
+           dtypes=None, spec_dir: Path | None = None, progress=None,
+           force: bool = False) -> dict:
     """Write every case (and each of its variants and dtypes) into directory; return the
-    index. progress(done, total, case_id) is called after each case."""
+    index. progress(done, total, case_id) is called after each case.
+
+    directory must be absent or empty; with force a folder that holds anything (an
+    older export, say) is replaced whole. Raises ExportError when it may not be
+    written, GoldenError when the golden data are broken (directory is then unchanged)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    store = GoldenStore(Path(golden_dir))
+    directory = Path(os.path.abspath(directory))
+    keep = [Path(golden_dir)] + ([Path(spec_dir)] if spec_dir else [])
+    check_target(directory, force, keep)
+    staging = _staging(directory)
+    try:
+        index = _write_export(list(cases), staging, fmt, Path(golden_dir), dtypes,
+                              spec_dir, progress)
+        check_target(directory, force, keep)   # nothing appeared there meanwhile
+        _replace(staging, directory)
+    except BaseException:
+        if staging.exists():
+            _remove(staging)
+        raise
+    return index
+
+
+def _write_export(cases, root: Path, fmt, golden_dir, dtypes, spec_dir, progress) -> dict:
+    store = GoldenStore(golden_dir)
     index = {"format": FORMAT, "data_format": fmt, "suite_version": suite_version(),
              "spec_hash": spec_hash(spec_dir) if spec_dir else None,
              "tolerance_rule": "|actual - expected| <= tolerance at every position where "
                                "expected is finite; NaN and +-inf must sit exactly where "
                                "expected has them",
-             "cases": []}
-    cases = list(cases)
-    for done, case in enumerate(cases, 1):
-        golden = GoldenCase(case, store)
-        relative = f"{case.topic}/{case.id}"
-        case_dir = directory / relative
-        if case_dir.exists():
-            shutil.rmtree(case_dir)
-        case_dir.mkdir(parents=True)
-        entries = [_entry(golden, variant, dtype, case_dir, relative, fmt)
-                   for variant in case.variants for dtype in case.dtypes
-                   if not dtypes or dtype in dtypes]
-        index["cases"].append({
-            "id": case.id, "topic": case.topic, "op": case.op,
-            "description": case.description, "source": case.source,
-            "positional": list(OPERATIONS[case.op]), "outputs": list(OUTPUTS[case.op]),
-            "params": jsonable(golden.params), "dtypes": list(case.dtypes),
-            "expect": jsonable(case.expect),
-            "golden": golden.has_golden, "entries": entries})
-        if progress:
-            progress(done, len(cases), case.id)
-    (directory / "index.json").write_text(json.dumps(index, indent=1, allow_nan=False) + "\n")
-    (directory / "README.md").write_text(README)
+             "bfloat16": "stored as float32 (npz) or as its exact decimal value (json), "
+                         "with the dtype named bfloat16",
+             "tags": {tag: meaning for tag, (meaning, _) in TAGS.items()},
+             "cases": _write_cases(cases, root, fmt, store, dtypes, progress)}
+    (root / "README.md").write_text(README)
+    index["files"] = _file_list(root)
+    (root / "index.json").write_text(json.dumps(index, indent=1, allow_nan=False) + "\n")
     return index
+
+
+def reader_code(readme: str = None) -> str:
+    """The reader of an export's README (its first Python block)."""
+    text = README if readme is None else readme
+    start = text.index("```python\n") + len("```python\n")
+    return text[start:text.index("```", start)]
 
 
 README = '''\
 # Golden attention data (attention-conformance export)
 
 Written by `attention-conformance export`. Everything here is plain files: reading them
-needs NumPy (the `.npz` files) or any JSON reader (the `.json` files), not the
+needs NumPy (the `.npz` files) or NumPy and Python's `json` (the `.json` files), not the
 attention-conformance package.
 
 ## Files
 
 - `index.json`: `format` ("attention-conformance-golden/1"), `spec_hash`, the tolerance
-  rule, and `cases`: for each case its `id`, `topic`, `op` (the attention operation),
-  `description`, `source`, `positional` (the op's positional inputs, in order),
-  `outputs` (output names: `out`, or `dq`, `dk`, `dv` for `sdpa_vjp`), `params` (the op's
-  keyword parameters: `causal`, `scale`, `window`, ...), `expect` (the case's
-  expectations as the spec writes them, e.g. exact values) and `entries`, one per shape
-  variant and dtype: `file`, `variant`, `dims`, `dtype`, `inputs` (shape and storage
-  dtype of each input) and `expected` (for each policy branch, or `null` for the plain
-  golden: each output's `shape` and `tolerance`).
+  rule, `tags` (tag -> meaning), `files` (every file of this folder but `index.json`
+  itself -> its sha256) and `cases`: for each case its `id`, `topic`, `op` (the
+  attention operation), `tags` (below), `description`, `source`, `positional` (the op's
+  positional inputs, in order), `outputs` (output names: `out`, or `dq`, `dk`, `dv` for
+  `sdpa_vjp`), `params` (the op's keyword parameters: `causal`, `scale`, `window`, ...),
+  `expect` (the case's expectations as the spec writes them, e.g. exact values) and
+  `entries`, one per shape variant and dtype: `file`, `variant`, `dims`, `dtype`,
+  `inputs` (shape, dtype and storage dtype of each input) and `expected` (one branch
+  each: `policy` null for the plain golden output, or "NAME=CHOICE" for a declared
+  choice; with each output's `shape` and `tolerance`).
 - `TOPIC/CASE-ID/LABEL.npz` (or `.json`), LABEL being `VARIANT-DTYPE` or `DTYPE`, with:
-  - `inputs/NAME`: an input as the implementation under test receives it, in the dtype
-    (`bfloat16` inputs are stored as float32, which holds each bfloat16 value exactly:
-    cast them with `ml_dtypes.bfloat16`, `torch.bfloat16`, ...); masks are boolean,
-    True meaning "may attend";
+  - `inputs/NAME`: an input as the implementation under test receives it, in the dtype;
+    masks are boolean, True meaning "may attend";
   - `expected/OUT`: the float64 reference output for exactly these inputs;
   - `tolerance/OUT`: the largest absolute error allowed for that dtype;
   - for a case whose result is an implementation's declared choice (a row with every
@@ -187,8 +395,87 @@ attention-conformance package.
   (each array as `{"dtype", "shape", "data"}`, `data` nested lists with non-finite
   numbers written as the strings "NaN", "Infinity", "-Infinity") and `tolerance`.
 
+**bfloat16** (not a NumPy dtype): an `.npz` file stores bfloat16 inputs as float32
+arrays, a `.json` file writes them as their values with `"dtype": "bfloat16"`. Either
+way each value is a bfloat16 value exactly (float32 holds every bfloat16, and the
+decimal reads back exactly); read them as float32 and cast with `ml_dtypes.bfloat16`,
+`torch.bfloat16`, `jnp.bfloat16`, ... (the raw bits are `x.view(np.uint32) >> 16`).
+
+## Tags
+
+Each case lists `tags` derived from its data, to filter on: `mask`, `bias`, `causal`,
+`causal:top_left`, `causal:bottom_right`, `window`, `softcap`, `grouped-query` (fewer
+kv heads than query heads), `broadcast-batch` (leading dims that differ and
+broadcast), `long` (long-sequence cases), `policy-dependent` (the expected outcome is
+a declared choice: pass yours as `policy`). `index["tags"]` says what each means.
+
+## Passing
+
 An output passes when `|actual - expected| <= tolerance` at every position where
-`expected` is finite, and NaN and +-inf sit exactly where `expected` has them.
+`expected` is finite, and NaN and +-inf sit exactly where `expected` has them. Check
+the plain branch (`policy` null) and each branch whose "NAME=CHOICE" your
+implementation declares (e.g. `fully_masked_rows=zeros`: a query whose every key is
+masked gets zeros); in some cases the only branches are policy branches.
+
+## A complete reader (NumPy only)
+
+```python
+import json
+import numpy as np
+
+def load(path):  # {"inputs": {...}, "expected": {...}, "tolerance": {...}} of a .npz or .json
+    if path.endswith(".npz"):
+        with np.load(path) as f:
+            return {g: {k.split("/", 1)[1]: f[k] for k in f.files if k.startswith(g + "/")}
+                    for g in ("inputs", "expected", "tolerance")}
+    doc = json.load(open(path))
+    num = lambda x: [num(y) for y in x] if isinstance(x, list) else float(x) if isinstance(x, str) else x
+    arr = lambda a: np.array(num(a["data"]), {"bfloat16": "float32"}.get(a["dtype"], a["dtype"]))
+    return {"inputs": {k: arr(a) for k, a in doc["inputs"].items()}, "tolerance": doc["tolerance"],
+            "expected": {k: arr(a) for k, a in doc["expected"].items()}}
+
+def check(root, outputs_of, policy=()):  # -> (outputs checked, failures)
+    checked, failures = 0, []
+    for case in json.load(open(f"{root}/index.json"))["cases"]:
+        for entry in case["entries"]:
+            data = load(f"{root}/{entry['file']}")
+            actual = outputs_of(case, entry, data["inputs"])
+            for branch in [b for b in entry["expected"] if b["policy"] in (None, *policy)]:
+                for name in branch["outputs"] if actual is not None else []:
+                    key = f"{branch['policy']}/{name}" if branch["policy"] else name
+                    got, want = np.asarray(actual[name], np.float64), data["expected"][key]
+                    fin, checked = np.isfinite(want), checked + 1
+                    if not (got.shape == want.shape and np.array_equal(got[~fin], want[~fin], equal_nan=True)
+                            and np.all(np.abs(got[fin] - want[fin]) <= data["tolerance"][key])):
+                        failures.append(f"{entry['file']}: {key}")
+    return checked, failures
+```
+
+`check(root, outputs_of, policy)` reads every data file of the export at `root`, calls
+`outputs_of(case, entry, inputs)` (your implementation: it returns `{output name:
+array}`, or None to skip that file) and compares each output with the plain golden
+branch and with each branch your `policy` declares (a list of "NAME=CHOICE"). `load`
+reads one data file of either format; a JSON array's non-finite strings become floats
+through `float("NaN")`, `float("Infinity")`, `float("-Infinity")`.
+
+## Using it
+
+```python
+def my_outputs(case, entry, inputs):        # here: a NumPy softmax, for the softmax cases
+    if case["op"] != "softmax":
+        return None                          # for attention: call yours with the inputs
+    x = inputs["x"].astype(np.float64)       # [inputs[n] for n in case["positional"]], the
+    axis = case["params"].get("axis", -1)    # other inputs and case["params"] as keywords
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return {"out": e / e.sum(axis=axis, keepdims=True)}
+
+
+checked, failures = check(".", my_outputs, policy=["fully_masked_rows=zeros"])
+print(f"{checked} outputs checked, {len(failures)} failures", *failures[:10], sep="\\n")
+```
+
+To run only some cases, filter in `outputs_of` by `case["op"]`, `case["tags"]` (e.g.
+skip `"grouped-query"`), `entry["dtype"]` or `case["topic"]`.
 
 ## Conventions
 
@@ -196,35 +483,4 @@ Tokens are rows: `q (*batch, Lq, Dk)`, `k (*batch, Lk, Dk)`, `v (*batch, Lk, Dv)
 None means `1/sqrt(Dk)`; `causal` is `top_left` or `bottom_right`; `window` is
 `(left, right)`. The score pipeline is `q k^T * scale`, softcap, `+ bias`, masking,
 softmax over keys.
-
-## Reading it with NumPy
-
-```python
-import json
-import numpy as np
-
-root = "golden"                      # the folder written by attention-conformance export
-index = json.load(open(f"{root}/index.json"))
-
-
-def entries(case_id):
-    """(dtype, variant, inputs, params, expected, tolerance) of each file of a case."""
-    case = next(c for c in index["cases"] if c["id"] == case_id)
-    for entry in case["entries"]:
-        with np.load(f"{root}/{entry['file']}") as f:
-            group = lambda g: {k.split("/", 1)[1]: f[k] for k in f.files if k.startswith(g + "/")}
-            inputs, expected, tolerance = group("inputs"), group("expected"), group("tolerance")
-        yield entry["dtype"], entry["variant"], inputs, case["params"], expected, tolerance
-
-
-def softmax(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-for dtype, variant, inputs, params, expected, tolerance in entries("unnormalised-scores-softmax"):
-    mine = softmax(inputs["x"].astype(np.float64))
-    assert np.all(np.abs(mine - expected["out"]) <= tolerance["out"]), (dtype, variant)
-print("ok")
-```
 '''

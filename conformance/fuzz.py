@@ -12,7 +12,7 @@ declared ``fully_masked_rows`` policy.
 On a failure, Hypothesis shrinks the case to a small one, and :func:`case_yaml` prints it
 as a YAML case ready to paste into a spec file.
 
-    from conformance.fuzz import fuzz
+    from attention_conformance.fuzz import fuzz
     report = fuzz(backend, examples=200, seed=1)
     if report.failure:
         print(report.failure.yaml)
@@ -30,15 +30,19 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import golden as golden_module
-from .checks_static import static_errors
+from .dtypes import DTYPES
+from .golden_compute import compute
 from .inputs import build_inputs
-from .interface import DTYPES
+from .ops import OPS
+from .outcomes import CheckFailure, Unsupported
 from .reference import allowed_keys
-from .runner import CheckFailure, Unsupported, run_case
-from .spec import load_file
+from .runner import run_case
+from .spec_folder import default_folder
+from .spec_loader import load_file
+from .validation import static_errors
 
-OPS = ("sdpa", "attention_weights", "sdpa_vjp")
+#: the ops the fuzzer draws (those the op table marks `fuzzed`)
+FUZZED_OPS = tuple(o.name for o in OPS.values() if o.fuzzed)
 FULLY_MASKED = {"fully_masked_rows": {"zeros": {"golden": True}, "uniform": {"golden": True},
                                       "nan": {"golden": True}}}
 
@@ -49,7 +53,7 @@ class FuzzError(Exception):
 
 # --- drawing cases --------------------------------------------------------------------
 
-def case_strategy(ops=OPS, dtypes=DTYPES):
+def case_strategy(ops=FUZZED_OPS, dtypes=DTYPES):
     """A Hypothesis strategy of case documents (dicts shaped like a spec case)."""
     from hypothesis import strategies as st
 
@@ -193,8 +197,11 @@ def case_file_yaml(docs, topic: str = "fuzz_found") -> str:
 class LiveGolden:
     """Golden outputs computed on demand by the reference (fuzzed cases have no files)."""
 
+    def __init__(self, tolerances=None):
+        self.tolerances = tolerances or default_folder().tolerances
+
     def get(self, case, variant, dtype, policy=None):
-        return golden_module.compute(case, variant, dtype, policy)
+        return compute(case, variant, dtype, self.tolerances, policy)
 
 
 def load_document(doc: dict, directory: Path):
@@ -203,7 +210,7 @@ def load_document(doc: dict, directory: Path):
     path.write_text(case_file_yaml([doc], topic="fuzz"))
     cases, errors = load_file(path)
     if not errors and cases:
-        errors = static_errors(cases[0])
+        errors = static_errors(cases[0], set(default_folder().tolerances.unit_roundoff))
     if errors or not cases:
         raise FuzzError("the fuzzer drew an invalid case:\n" + "\n".join(map(str, errors))
                         + "\n" + case_yaml(doc))
@@ -269,12 +276,12 @@ def fuzz(backend, *, examples: int = 100, seed: int = 0, dtypes=None, ops=None,
     chosen = [d for d in (dtypes or declared)]
     if not chosen:
         raise ValueError("no dtype to fuzz: the backend declares none of the chosen dtypes")
-    unknown = set(ops or ()) - set(OPS)
+    unknown = set(ops or ()) - set(FUZZED_OPS)
     if unknown:
-        raise ValueError(f"cannot fuzz {sorted(unknown)}; ops: {', '.join(OPS)}")
-    ops = [op for op in (ops or OPS) if hasattr(backend, op)]
+        raise ValueError(f"cannot fuzz {sorted(unknown)}; ops: {', '.join(FUZZED_OPS)}")
+    ops = [op for op in (ops or FUZZED_OPS) if hasattr(backend, op)]
     if not ops:
-        raise ValueError(f"the backend has none of the ops the fuzzer draws ({', '.join(OPS)})")
+        raise ValueError(f"the backend has none of the ops the fuzzer draws ({', '.join(FUZZED_OPS)})")
     report = FuzzReport(getattr(backend, "name", type(backend).__name__), examples, seed,
                         dtypes=chosen)
     found: list[Failure] = []

@@ -1,89 +1,46 @@
-"""The attention interface every backend implements (see DESIGN.md).
+"""What a backend declares: name, dtypes, policy (and optionally versions, paths).
 
-The interface is structural: a third-party adapter never has to import this module.
-It only needs the attributes and methods of :class:`AttentionBackend`.
+The interface is structural: an adapter never has to import the suite. The ops it
+implements are those of ops.py; docs/interface.md is the contract in words. A
+declaration that is not what the interface says is one clear error when the backend
+is loaded.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-import numpy as np
-
-DTYPES = ("float64", "float32", "float16", "bfloat16")
-
-#: Behaviours the specification leaves to the implementation: name -> allowed choices.
-POLICIES: dict[str, tuple[str, ...]] = {
-    # a query whose every key is disallowed by mask, causal or window
-    "fully_masked_rows": ("zeros", "uniform", "nan"),
-    # a query whose every key carries a -inf bias (no boolean mask involved)
-    "neg_inf_bias_rows": ("zeros", "uniform", "nan"),
-    # a NaN stored in a key at a position the mask disallows
-    "masked_key_nan": ("ignored", "propagates"),
-    # a NaN stored in a value at a position the mask disallows
-    "masked_value_nan": ("ignored", "propagates"),
-}
-
-POLICY_MEANING: dict[str, str] = {
-    "fully_masked_rows": "query whose every key is masked (boolean mask, causal or window)",
-    "neg_inf_bias_rows": "query whose every key has a -inf additive bias",
-    "masked_key_nan": "NaN stored in a masked-out key",
-    "masked_value_nan": "NaN stored in a masked-out value",
-}
-
-#: Positional arguments of each operation, in order; everything else is a keyword.
-OPERATIONS: dict[str, tuple[str, ...]] = {
-    "softmax": ("x",),
-    "scores": ("q", "k"),
-    "attention_weights": ("q", "k"),
-    "sdpa": ("q", "k", "v"),
-    "self_attention": ("x", "w_q", "w_k", "w_v"),
-    "multi_head_attention": ("query", "key", "value"),
-    "sdpa_vjp": ("q", "k", "v", "d_out"),
-}
-
-#: Names of each operation's outputs (a tuple return is matched to these in order).
-OUTPUTS: dict[str, tuple[str, ...]] = {op: ("out",) for op in OPERATIONS}
-OUTPUTS["sdpa_vjp"] = ("dq", "dk", "dv")
+from .dtypes import DTYPES
+from .policies import POLICIES
 
 
-class Unsupported(NotImplementedError):
-    """Raised by a backend that lacks an op, a parameter or a dtype.
-
-    Any ``NotImplementedError`` is treated the same way; this subclass only exists so
-    that adapters importing the suite can say so explicitly.
-    """
+class DeclarationError(Exception):
+    """A backend's declared attributes are not what docs/interface.md says."""
 
 
-@runtime_checkable
-class AttentionBackend(Protocol):
-    """What the runner needs from a backend.
-
-    Arrays cross the interface as NumPy arrays (bfloat16 as ``ml_dtypes.bfloat16``);
-    an adapter returns arrays of the dtype it was given.
-    """
-
-    name: str
-    dtypes: frozenset[str] | set[str] | tuple[str, ...]
-    policy: dict[str, str]
-
-    def softmax(self, x: np.ndarray, axis: int = -1) -> np.ndarray: ...
-
-    def scores(self, q, k, *, kind: str, scale=None, w=None, u=None, v=None) -> np.ndarray: ...
-
-    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
-                          softcap=None, window=None) -> np.ndarray: ...
-
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
-             softcap=None, window=None) -> np.ndarray: ...
-
-    def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None) -> np.ndarray: ...
-
-    def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
-                             num_kv_heads=None, mask=None, causal=None) -> np.ndarray: ...
-
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
-                 softcap=None, window=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def declaration_problems(backend: Any) -> list[str]:
+    """Every way the backend's name, dtypes and policy break the interface."""
+    problems = []
+    name = getattr(backend, "name", None)
+    if not isinstance(name, str) or not name.strip():
+        problems.append(f"name must be a non-empty str, not {name!r}")
+    dtypes = getattr(backend, "dtypes", None)
+    if isinstance(dtypes, (str, bytes)) or not isinstance(dtypes, (set, frozenset, tuple, list)):
+        problems.append(f"dtypes must be a set (or tuple) of dtype names, not {dtypes!r}")
+    else:
+        unknown = [d for d in dtypes if d not in DTYPES]
+        if unknown:
+            problems.append(f"dtypes names unknown dtype(s) {unknown}; known: {', '.join(DTYPES)}")
+    policy = getattr(backend, "policy", None)
+    if not isinstance(policy, dict):
+        problems.append(f"policy must be a dict of policy name -> choice, not {policy!r}")
+    else:
+        for key, choice in policy.items():
+            if key not in POLICIES:
+                problems.append(f"policy names unknown policy {key!r}; known: {', '.join(POLICIES)}")
+            elif choice not in POLICIES[key]:
+                problems.append(f"policy {key}={choice!r} is not one of {', '.join(POLICIES[key])}")
+    return problems
 
 
 def describe(backend: Any) -> dict[str, Any]:

@@ -9,7 +9,8 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from backends import BUILTIN
+from .backends import BUILTIN
+from .interface import declaration_problems
 
 ENTRY_POINT_GROUP = "attention_conformance.backends"
 
@@ -99,8 +100,21 @@ def load_backend(reference: str, device: str | None = None):
         hint = " (is its framework installed?)" if isinstance(exc, ImportError) else ""
         raise BackendLoadError(f"backend {reference!r} failed to load: "
                                f"{type(exc).__name__}: {exc}{hint}") from exc
-    missing = [a for a in ("name", "dtypes", "policy") if not hasattr(backend, a)]
+    missing = [a for a in ("name", "dtypes", "policy") if a not in _declared(backend)]
     if missing:
         raise BackendLoadError(f"backend {reference!r} lacks attribute(s) {', '.join(missing)}"
                                " (see docs/interface.md)")
+    problems = declaration_problems(backend)
+    if problems:
+        raise BackendLoadError(f"backend {reference!r} declares what the interface does not"
+                               " allow (see docs/interface.md): " + "; ".join(problems))
     return backend
+
+
+def _declared(backend) -> set:
+    """The attributes the backend really has: its instance's and its classes', not what a
+    catch-all __getattr__ makes up."""
+    names = set(getattr(backend, "__dict__", {}))
+    for cls in type(backend).__mro__:
+        names |= set(vars(cls))
+    return names

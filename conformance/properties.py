@@ -1,7 +1,8 @@
 """Named invariants, checked on a backend's own outputs (often by calling it again).
 
 Each property takes the run's Context (and the keyword arguments the case gives it)
-and raises CheckFailure with what it saw. Tolerances come from spec/tolerances.yaml.
+and raises CheckFailure with what it saw. Tolerances come from the spec folder's rule
+(ctx.tolerances).
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import reference
-from .runner import CheckFailure, Context
-from .tolerances import load_tolerances
+from .comparison import digits
+from .context import Context
+from .ops import OPS
+from .outcomes import CheckFailure
 
 PROPERTIES = {}
 
@@ -21,21 +24,24 @@ def prop(func):
 
 
 def _tol(ctx, magnitude=1.0):
-    return load_tolerances().prop(ctx.dtype, magnitude)
+    return ctx.tolerances.prop(ctx.dtype, magnitude)
 
 
 def _first(ctx):
     return next(iter(ctx.outputs.values()))
 
 
-def _close(actual, expected, tol, what):
+def _close(actual, expected, tol, what, dtype="float64"):
     error = np.abs(actual - expected)
     if not np.all(np.isfinite(error)) or np.max(error, initial=0.0) > tol:
         flat = int(np.nanargmax(np.where(np.isfinite(error), error, np.inf)))
         worst = tuple(int(i) for i in np.unravel_index(flat, error.shape))
+        n = digits(dtype)
+        got, want = f"{float(actual[worst]):.{n}g}", f"{float(expected[worst]):.{n}g}"
+        if not np.isfinite(error[worst]):      # a NaN or inf where a number belongs
+            raise CheckFailure(f"{what}: got {got} at {list(worst)}, expected {want}")
         raise CheckFailure(f"{what}: differs by {float(error[worst]):.3g} at {list(worst)}"
-                           f" (got {float(actual[worst]):.6g}, expected"
-                           f" {float(expected[worst]):.6g}), tolerance {tol:.3g}")
+                           f" (got {got}, expected {want}), tolerance {tol:.3g}")
 
 
 def allowed(ctx) -> np.ndarray:
@@ -76,18 +82,19 @@ def masked_weights_zero(ctx: Context):
 
 # --- metamorphic relations ------------------------------------------------------------
 
-#: per op: inputs whose axis -2 runs over queries, and over keys
-_QUERY_SIDE = {"sdpa": ("q",), "attention_weights": ("q",), "self_attention": ("x",),
-               "multi_head_attention": ("query",)}
-_KEY_SIDE = {"sdpa": ("k", "v"), "attention_weights": ("k",), "self_attention": ("x",),
-             "multi_head_attention": ("key", "value")}
+def _query_side(ctx):
+    return OPS[ctx.case.op].query_side
+
+
+def _key_side(ctx):
+    return OPS[ctx.case.op].key_side
 
 
 def _permuted(ctx, perm_q, perm_k):
     arrays = dict(ctx.arrays)
-    for name in _QUERY_SIDE[ctx.case.op]:
+    for name in _query_side(ctx):
         arrays[name] = np.take(arrays[name], perm_q, axis=-2)
-    for name in _KEY_SIDE[ctx.case.op]:
+    for name in _key_side(ctx):
         arrays[name] = np.take(ctx.arrays[name], perm_k, axis=-2)
     for name in ("mask", "bias"):
         if name in arrays:
@@ -105,8 +112,8 @@ def permutation_equivariant(ctx: Context, seed: int = 0):
     """Permuting tokens permutes the output rows the same way (no causal, no window)."""
     out = _first(ctx)
     rng = np.random.RandomState(seed)
-    lq = ctx.arrays[_QUERY_SIDE[ctx.case.op][0]].shape[-2]
-    lk = ctx.arrays[_KEY_SIDE[ctx.case.op][0]].shape[-2]
+    lq = ctx.arrays[_query_side(ctx)[0]].shape[-2]
+    lk = ctx.arrays[_key_side(ctx)[0]].shape[-2]
     perm_q = rng.permutation(lq)
     perm_k = perm_q if ctx.case.op == "self_attention" else rng.permutation(lk)
     got = ctx.call(_permuted(ctx, perm_q, perm_k))[0]
@@ -120,7 +127,7 @@ def permutation_equivariant(ctx: Context, seed: int = 0):
 @prop
 def identical_tokens_identical_outputs(ctx: Context):
     """Queries that are identical (and see the same keys) get identical outputs."""
-    name = _QUERY_SIDE[ctx.case.op][0]
+    name = _query_side(ctx)[0]
     tokens, out = ctx.exact_inputs[name], _first(ctx)
     flat_tokens = tokens.reshape(-1, tokens.shape[-2], tokens.shape[-1])
     flat_out = np.broadcast_to(out, out.shape).reshape(-1, out.shape[-2], out.shape[-1])
@@ -142,12 +149,12 @@ def causal_future_independent(ctx: Context, seed: int = 7):
     """Changing tokens after position t leaves the outputs of queries <= t unchanged."""
     out = _first(ctx)
     lq = out.shape[-2]
-    lk = ctx.arrays[_KEY_SIDE[ctx.case.op][0]].shape[-2]
+    lk = ctx.arrays[_key_side(ctx)[0]].shape[-2]
     t = lq // 2
     first_future_key = t + 1 + (lk - lq if ctx.params.get("causal") == "bottom_right" else 0)
     rng = np.random.RandomState(seed)
     arrays = dict(ctx.arrays)
-    for name in dict.fromkeys(_KEY_SIDE[ctx.case.op]):
+    for name in dict.fromkeys(_key_side(ctx)):
         changed = np.array(ctx.exact_inputs[name], copy=True)
         future = changed[..., first_future_key:, :]
         changed[..., first_future_key:, :] = rng.standard_normal(future.shape) * 3.0
@@ -188,7 +195,7 @@ def column_form_equals_row_form(ctx: Context):
     x = {n: np.swapaxes(ctx.exact_inputs[n], -1, -2) for n in ("q", "k", "v")}
     columns = np.swapaxes(reference.sdpa_columns(x["q"], x["k"], x["v"]), -1, -2)
     gold, plain_error = ctx.golden.get(ctx.case, ctx.variant, ctx.dtype)["out"]
-    tol = load_tolerances().output(ctx.dtype, plain_error, gold)
+    tol = ctx.tolerances.output(ctx.dtype, plain_error, gold)
     _close(_first(ctx), columns, tol, "row-form output vs column-form reference")
 
 

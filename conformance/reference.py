@@ -1,6 +1,6 @@
 """The float64 reference of every operation in the attention interface.
 
-Written from the definitions in DESIGN.md and docs/interface.md, independently of
+Written from the definitions in docs/interface.md, independently of
 every backend. Golden data come from here. Two extras over the interface:
 
 - ``policies``: the reference computes every declared choice of every policy, so that
@@ -23,13 +23,8 @@ import math
 import numpy as np
 
 from .dtypes import UNIT_ROUNDOFF, numpy_dtype, round_to
-
-DEFAULT_POLICIES = {
-    "fully_masked_rows": "zeros",
-    "neg_inf_bias_rows": "nan",
-    "masked_key_nan": "ignored",
-    "masked_value_nan": "ignored",
-}
+from .ops import OPS
+from .policies import DEFAULT_POLICIES
 
 #: query rows processed at once by sdpa and sdpa_vjp
 BLOCK = 256
@@ -353,24 +348,9 @@ def sdpa_columns(q_cols, k_cols, v_cols):
     return v_cols @ softmax(a, axis=-2)
 
 
-OPERATIONS = {
-    "softmax": softmax,
-    "scores": scores,
-    "attention_weights": attention_weights,
-    "sdpa": sdpa,
-    "self_attention": self_attention,
-    "multi_head_attention": multi_head_attention,
-    "sdpa_vjp": sdpa_vjp,
-}
-
-#: the operations whose result depends on a policy choice
-POLICY_AWARE = {"attention_weights", "sdpa", "sdpa_vjp", "self_attention",
-                "multi_head_attention"}
-
-
 def run(op: str, arrays: dict, params: dict, policies=None):
     """Call reference operation ``op`` with the case's arrays and params."""
-    func = OPERATIONS[op]
-    extra = {"policies": policies} if op in POLICY_AWARE else {}
+    func = globals()[OPS[op].name]      # each op of the table is a function of this module
+    extra = {"policies": policies} if OPS[op].policy_aware else {}
     result = func(**arrays, **params, **extra)
     return result if isinstance(result, tuple) else (result,)

@@ -1,16 +1,21 @@
 """Reports: the end-of-run summary, a backend's Markdown report, the matrix of backends
-(Markdown, and a static HTML page with no script and no external resource)."""
+(Markdown here; the static HTML page, and writing both, is report_html.py).
+
+The colour rule of the matrix (docs/cli.md), one tone per cell of counts (``tone``):
+grey ``none`` where nothing ran (no test, or only unsupported ones), red ``bad`` where
+a test failed or passed unexpectedly (both fail a run), amber ``warn`` where the only
+non-passes are expected failures (documented findings), green ``ok`` where everything
+that ran passed. Unsupported tests never colour a cell; the text says how many."""
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 
-from .interface import POLICIES, POLICY_MEANING
-from .results import FORMAT, STATUS_LABELS
+from .policies import POLICIES, POLICY_MEANING
+from .results import FAILING, FORMAT, STATUS_LABELS, STATUSES, safe_name
 
-_COLUMNS = ("pass", "fail", "xfail", "xpass", "unsupported")
+_COLUMNS = STATUSES
 #: rows of the matrix's table of tests that do not pass everywhere
 MAX_TEST_ROWS = 300
 _HEADINGS = tuple(STATUS_LABELS[c] for c in _COLUMNS)
@@ -28,8 +33,11 @@ def summary_lines(log) -> list[str]:
     data = log.as_dict()
     totals = data["totals"]
     lines = ["", f"attention-conformance: backend {data['backend']['name']!r}, "
-             f"{data['cases']} cases in spec {data['spec_hash']}"]
-    lines.append("  " + ", ".join(f"{totals.get(c, 0)} {c}" for c in _COLUMNS))
+             f"{data.get('profile_cases', data['cases'])} cases of the "
+             f"{data.get('selection', {}).get('profile') or 'quick'} profile "
+             f"(of {data['cases']}) in spec {data['spec_hash']}"]
+    shown = [c for c in _COLUMNS if c not in ("timeout", "crash", "error") or totals.get(c)]
+    lines.append("  " + ", ".join(f"{totals.get(c, 0)} {c}" for c in shown))
     worst = data["worst_error_over_tolerance"]
     if worst:
         lines.append("  worst error / tolerance: " +
@@ -39,14 +47,41 @@ def summary_lines(log) -> list[str]:
     return lines
 
 
-def _cell(counts: dict) -> str:
-    """'passed/run' for a table cell; run excludes unsupported, which is said apart."""
+class Cell(str):
+    """A table cell: its text, and its tone for the HTML page (ok, warn, bad, none, '')."""
+
+    tone: str
+
+    def __new__(cls, text, tone: str = ""):
+        cell = super().__new__(cls, text)
+        cell.tone = tone
+        return cell
+
+
+def _run(counts: dict) -> int:
+    return sum(v for k, v in counts.items() if k != "unsupported")
+
+
+def tone(counts: dict) -> str:
+    """The colour rule: none, bad, warn or ok (see the module docstring)."""
+    if not _run(counts):
+        return "none"
+    if any(counts.get(s) for s in FAILING):
+        return "bad"
+    return "warn" if counts.get("xfail") else "ok"
+
+
+def _cell(counts: dict) -> Cell:
+    """'passed/run' for a table cell; run excludes unsupported, which is said apart;
+    'nothing ran' where every test was unsupported."""
     if not counts:
-        return "-"
+        return Cell("-", "none")
+    if not _run(counts):
+        return Cell(f"nothing ran ({counts.get('unsupported', 0)} unsupported)", "none")
     text = _fraction(counts)
     if counts.get("unsupported"):
         text += f", {counts['unsupported']} unsupported"
-    return text
+    return Cell(text, tone(counts))
 
 
 def _selection_text(selection: dict) -> str:
@@ -130,12 +165,61 @@ def load_results(directory: Path) -> list[dict]:
     return results
 
 
+#: order of the statuses in the list of tests that do not pass, worst first
+SEVERITY = ("crash", "timeout", "error", "fail", "xpass", "xfail", "unsupported")
+
+
+def _first_line(message) -> str:
+    return message.strip().splitlines()[0] if message and message.strip() else ""
+
+
+def failure_groups(results: list[dict]) -> list[dict]:
+    """One row per backend x case x status that is not a pass: how many of the case's
+    tests have that status, of how many, the first line of the first one's reason and
+    that test's id; worst status first, then topic, case and backend."""
+    groups = {}
+    for report in results:
+        name = report["backend"]["name"]
+        total = {}
+        for r in report["results"]:
+            total[r["case"]] = total.get(r["case"], 0) + 1
+        for r in report["results"]:
+            if r["status"] == "pass":
+                continue
+            key = (SEVERITY.index(r["status"]) if r["status"] in SEVERITY else len(SEVERITY),
+                   r["topic"], r["case"], name, r["status"])
+            group = groups.setdefault(key, {
+                "backend": name, "topic": r["topic"], "case": r["case"], "status": r["status"],
+                "count": 0, "of": total[r["case"]], "reason": _first_line(r["message"]),
+                "first": r["id"]})
+            group["count"] += 1
+    return [groups[k] for k in sorted(groups)]
+
+
+def _group_row(g: dict) -> tuple:
+    label = STATUS_LABELS.get(g["status"], g["status"])
+    tone_of = {**{s: "bad" for s in FAILING}, "xfail": "warn", "unsupported": "none"}
+    return (g["case"], Cell(label, tone_of.get(g["status"], "")), g["backend"], g["topic"],
+            f"{g['count']} of {g['of']}", g["reason"], g["first"])
+
+
+GROUP_HEADER = ("case", "status", "backend", "topic", "tests", "first line of the reason",
+                "first test")
+
+
+def _totals_row(r: dict) -> tuple:
+    counts = r["totals"]
+    cells = [Cell(counts.get(c, 0), "bad" if c in FAILING and counts.get(c) else "")
+             for c in _COLUMNS]
+    return (r["backend"]["name"], _cell(counts), *cells, r["spec_hash"])
+
+
 def _matrix_tables(results: list[dict]) -> list[tuple[str, str, tuple, list]]:
-    """(id, title, header, rows) of every table of the matrix, shared by Markdown and HTML."""
+    """(id, title, header, rows) of every table of the matrix, shared by Markdown and HTML
+    (the HTML page shows the table "failures" in place of "tests")."""
     names = [r["backend"]["name"] for r in results]
-    tables = [("totals", "Totals", ("backend", *_HEADINGS, "spec"),
-               [(r["backend"]["name"], *(r["totals"].get(c, 0) for c in _COLUMNS),
-                 r["spec_hash"]) for r in results])]
+    tables = [("totals", "Totals", ("backend", "overall", *_HEADINGS, "spec"),
+               [_totals_row(r) for r in results])]
     topics = sorted({t for r in results for t in r["by_topic"]})
     tables.append(("topics", "Passed / run, per topic", ("topic", *names),
                    [(t, *(_cell(r["by_topic"].get(t, {})) for r in results)) for t in topics]))
@@ -156,8 +240,11 @@ def _matrix_tables(results: list[dict]) -> list[tuple[str, str, tuple, list]]:
     tables.append(("tests", "Tests that do not pass everywhere", ("test", *names),
                    [(i, *(STATUS_LABELS.get(s.get(i), "-") for s in status))
                     for i in differ[:MAX_TEST_ROWS]]
-                   + ([(f"... and {len(differ) - MAX_TEST_ROWS} more", *("" for _ in names))]
+                   + ([(f"... and {len(differ) - MAX_TEST_ROWS} more (all of them, by case: "
+                        "below)", *("" for _ in names))]
                       if len(differ) > MAX_TEST_ROWS else [])))
+    tables.append(("failures", "Tests that do not pass, by case", GROUP_HEADER,
+                   [_group_row(g) for g in failure_groups(results)]))
     keys = []
     for r in results:
         keys += [k for k in r["versions"] if k not in keys]
@@ -168,8 +255,10 @@ def _matrix_tables(results: list[dict]) -> list[tuple[str, str, tuple, list]]:
     return tables
 
 
-def _ratio(value) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _ratio(value) -> Cell:
+    if value is None:
+        return Cell("-", "none")
+    return Cell(f"{value:.2f}", "ok" if value <= 1 else "bad")
 
 
 def matrix_markdown(results: list[dict]) -> str:
@@ -193,83 +282,14 @@ def _fraction(counts: dict) -> str:
     return f"{ok}/{run}{extra}" if counts else "-"
 
 
-_CSS = """
-body { font: 15px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
-th, td { border: 1px solid #bbb; padding: 0.25em 0.7em; text-align: left; }
-th { background: #eee; }
-td.ok { background: #d8f0d8; }
-td.bad { background: #f6d0d0; }
-td.partial { background: #fbeec8; }
-td.none { color: #888; }
-p.warning { background: #f6d0d0; padding: 0.5em; }
-code { font-size: 90%; }
-"""
-
-
-def _css_class(table_id: str, column: int, value) -> str:
-    """ok / bad / partial / none for a status cell, '' for anything else."""
-    text = str(value)
-    if column == 0 or table_id in ("policies", "versions"):
-        return ""
-    if text in ("-", ""):
-        return "none"
-    if table_id == "tests":
-        return {"pass": "ok", "fail": "bad", "unexpected pass": "bad",
-                "expected failure": "partial"}.get(text, "")
-    if table_id == "totals":
-        if column in (2, 4) and text != "0":        # fail, unexpected pass
-            return "bad"
-        return ""
-    if table_id == "errors":
-        try:
-            return "ok" if float(text) <= 1 else "bad"
-        except ValueError:
-            return ""
-    if "/" in text:
-        passed, run = text.split(",")[0].split(" ")[0].split("/")
-        return "ok" if passed == run else ("bad" if passed == "0" else "partial")
-    return ""
-
-
-def matrix_html(results: list[dict]) -> str:
-    """The matrix as one static HTML page (inline CSS, no script)."""
-    e = html.escape
-    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-             "<title>Attention conformance matrix</title>", f"<style>{_CSS}</style>",
-             "</head>", "<body>", "<h1>Attention conformance matrix</h1>"]
-    names = ", ".join(e(r["backend"]["name"]) for r in results)
-    parts.append(f"<p>{len(results)} backends: {names}. A cell reads "
-                 "<em>passed/run</em> (expected failures count as passed, unsupported tests "
-                 "are not run).</p>")
-    hashes = sorted({r["spec_hash"] for r in results})
-    if len(hashes) > 1:
-        parts.append(f'<p class="warning">These reports were made against {len(hashes)} '
-                     f"different specs ({e(', '.join(hashes))}).</p>")
-    for table_id, title, header, rows in _matrix_tables(results):
-        parts.append(f'<h2 id="h-{table_id}">{e(title)}</h2>')
-        parts.append(f'<table id="{table_id}">')
-        parts.append("<thead><tr>" + "".join(f"<th>{e(str(h))}</th>" for h in header)
-                     + "</tr></thead>")
-        parts.append("<tbody>")
-        for row in rows:
-            cells = []
-            for column, value in enumerate(row):
-                tag = "th" if column == 0 else "td"
-                css = _css_class(table_id, column, value)
-                attr = f' class="{css}"' if css and tag == "td" else ""
-                cells.append(f"<{tag}{attr}>{e(str(value))}</{tag}>")
-            parts.append("<tr>" + "".join(cells) + "</tr>")
-        parts.append("</tbody></table>")
-    parts += ["</body>", "</html>"]
-    return "\n".join(parts) + "\n"
-
-
-def write_matrix(results: list[dict], directory: Path) -> list[Path]:
-    """matrix.md and matrix.html into directory."""
+def write_backend_report(log, directory: Path) -> list[Path]:
+    """A run's NAME.json and NAME.md in directory."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    md, page = directory / "matrix.md", directory / "matrix.html"
-    md.write_text(matrix_markdown(results))
-    page.write_text(matrix_html(results))
-    return [md, page]
+    data = log.as_dict()
+    name = safe_name(log.info["name"])
+    json_path = directory / f"{name}.json"
+    json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    md_path = directory / f"{name}.md"
+    md_path.write_text(backend_markdown(data))
+    return [json_path, md_path]

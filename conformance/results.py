@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import platform
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paths import SPEC_DIR
+from .case import profile_counts
+from .policies import POLICY_MEANING
+from .spec_folder import default_folder
 
 FORMAT = "attention-conformance-report/1"
-STATUSES = ("pass", "fail", "xfail", "xpass", "unsupported")
 #: how each status is printed in reports
-STATUS_LABELS = {"pass": "pass", "fail": "fail", "xfail": "expected failure",
-                 "xpass": "unexpected pass", "unsupported": "unsupported"}
+STATUS_LABELS = {"pass": "pass", "fail": "fail", "timeout": "timeout", "crash": "crash",
+                 "error": "error", "xfail": "expected failure", "xpass": "unexpected pass",
+                 "unsupported": "unsupported"}
+#: every status a test can end in (those of web-platform-tests' harness, plus expected
+#: failure and unsupported), in the order reports print them
+STATUSES = tuple(STATUS_LABELS)
+#: the statuses that fail a run
+FAILING = ("fail", "timeout", "crash", "error", "xpass")
 
 
 def suite_version() -> str:
@@ -32,7 +38,7 @@ def suite_version() -> str:
         return "unknown"
 
 
-def spec_hash(spec_dir: Path = SPEC_DIR) -> str:
+def spec_hash(spec_dir: Path) -> str:
     """sha256 (first 16 hex digits) of the spec's case files, schema, tolerances and
     golden manifest: two reports with the same hash were made against the same spec."""
     spec_dir = Path(spec_dir)
@@ -64,11 +70,8 @@ class ResultLog:
     records: list = field(default_factory=list)
     spec_dir: Path | None = None        # the spec/ folder the cases came from
     selection: dict = field(default_factory=dict)
-
-    def record(self, item, status, message, seconds, ratio=0.0) -> dict:
-        entry = record_for(item, status, message, seconds, ratio)
-        self.records.append(entry)
-        return entry
+    interrupted: bool = False           # the run was stopped before its end
+    not_run: int = 0                    # selected tests that never ran
 
     def add(self, entry: dict) -> None:
         self.records.append(entry)
@@ -102,9 +105,7 @@ class ResultLog:
         return dict(sorted(worst.items()))
 
     def as_dict(self) -> dict:
-        from .interface import POLICY_MEANING
-
-        spec_dir = Path(self.spec_dir) if self.spec_dir else SPEC_DIR
+        spec_dir = Path(self.spec_dir) if self.spec_dir else default_folder().root
         policy = self.info.get("policy", {})
         return {
             "format": FORMAT,
@@ -117,8 +118,12 @@ class ResultLog:
             "spec_hash": spec_hash(spec_dir),
             "spec_dir": str(spec_dir),
             "cases": len(self.spec.cases),
+            "profile_cases": profile_counts(self.spec.cases,
+                                            self.selection.get("profile") or "quick")[0],
             "spec_errors": len(getattr(self.spec, "errors", ())),
             "selection": self.selection,
+            "complete": not self.interrupted and not self.not_run,
+            "interrupted": self.interrupted,
             "totals": self.counts().get("all", {}),
             "by_topic": self.counts("topic"),
             "by_dtype": self.counts("dtype"),
@@ -129,19 +134,6 @@ class ResultLog:
                          for name, choice in sorted(policy.items())},
             "results": self.records,
         }
-
-    def write(self, directory: Path) -> list[Path]:
-        from .report import backend_markdown
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        data = self.as_dict()
-        name = safe_name(self.info["name"])
-        json_path = directory / f"{name}.json"
-        json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
-        md_path = directory / f"{name}.md"
-        md_path.write_text(backend_markdown(data))
-        return [json_path, md_path]
 
 
 def safe_name(name: str) -> str:

@@ -1,4 +1,4 @@
-"""Validating a parsed case file against spec/schema.json, with readable messages.
+"""Validating a parsed case file against the package's schema.json, with readable messages.
 
 Each schema error becomes (case index or None, SpecError) with the line of the key at
 fault, the case id, and a message in the spec's own words ("unknown op 'sdpaa'",
@@ -11,19 +11,23 @@ import functools
 import json
 from pathlib import Path
 
-from .interface import POLICIES
-from .paths import SPEC_DIR
+from .policies import POLICIES
 from .spec_yaml import SpecError
 
 _SINGULAR = {"dtypes": "dtype", "properties": "property", "cases": "case"}
 
 
 @functools.cache
-def schema_validator(path: Path = SPEC_DIR / "schema.json"):
-    """A Draft 2020-12 validator (jsonschema is imported only when a file is validated)."""
-    from jsonschema import Draft202012Validator
+def schema_validator(path: Path):
+    """A Draft 2020-12 validator (jsonschema is imported only when a file is validated).
 
-    return Draft202012Validator(json.loads(Path(path).read_text(encoding="utf-8")))
+    Its registry is empty: a $ref outside the schema itself is never fetched, from the
+    network or from a file."""
+    from jsonschema import Draft202012Validator
+    from referencing import Registry
+
+    return Draft202012Validator(json.loads(Path(path).read_text(encoding="utf-8")),
+                                registry=Registry())
 
 
 def schema_errors(document, file, validator) -> list[tuple[int | None, SpecError]]:

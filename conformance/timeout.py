@@ -7,8 +7,11 @@ import signal
 import threading
 
 
-class CaseTimeout(AssertionError):
-    """The backend did not return within the case time limit."""
+class CaseTimeout(BaseException):
+    """The backend did not return within the case time limit.
+
+    A BaseException, as KeyboardInterrupt is: an adapter's `except Exception` must not
+    swallow it and return as if it had finished."""
 
 
 @contextlib.contextmanager

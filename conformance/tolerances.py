@@ -1,14 +1,13 @@
-"""The tolerance rule of spec/tolerances.yaml."""
+"""The tolerance rule of a spec folder's tolerances.yaml (documented in that file)."""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import yaml
-
-from .paths import TOLERANCES_FILE
 
 
 @dataclass(frozen=True)
@@ -17,6 +16,7 @@ class Tolerances:
     property_roundings: float
     unit_roundoff: dict
     plain_error_from: dict
+    source: str = "spec/tolerances.yaml"
 
     def output(self, dtype: str, plain_error: float, golden: np.ndarray) -> float:
         """Largest absolute error allowed for an output against its golden."""
@@ -30,8 +30,9 @@ class Tolerances:
 
 
 @functools.cache
-def load_tolerances(path=TOLERANCES_FILE) -> Tolerances:
-    data = yaml.safe_load(open(path, encoding="utf-8"))
+def _load(path: Path, mtime_ns: int) -> Tolerances:
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
     dtypes = data["dtypes"]
     return Tolerances(
         multiplier=float(data["multiplier"]),
@@ -39,4 +40,11 @@ def load_tolerances(path=TOLERANCES_FILE) -> Tolerances:
         unit_roundoff={d: float(v["unit_roundoff"]) for d, v in dtypes.items()},
         plain_error_from={d: v["plain_error_from"] for d, v in dtypes.items()
                           if "plain_error_from" in v},
+        source=str(path),
     )
+
+
+def load_tolerances(path) -> Tolerances:
+    """The rule of one tolerances.yaml (read once per file version)."""
+    path = Path(path).resolve()
+    return _load(path, path.stat().st_mtime_ns)

@@ -87,25 +87,25 @@ cases:
 
 def make_spec(tmp_path: Path, text: str = TINY, topic: str = "tiny") -> Path:
     """tmp_path/spec/cases/TOPIC.yaml with its golden data; returns the cases folder."""
-    from conformance import golden
-    from conformance.spec import load_spec
+    from attention_conformance import golden_freeze
+    from attention_conformance.spec_loader import load_spec
 
     cases = tmp_path / "spec" / "cases"
     cases.mkdir(parents=True, exist_ok=True)
     (cases / f"{topic}.yaml").write_text(text)
     spec = load_spec(cases)
     assert not spec.errors, "\n".join(map(str, spec.errors))
-    golden.regenerate(spec.cases, cases.parent / "golden")
+    golden_freeze.regenerate(spec.cases, cases.parent / "golden")
     return cases
 
 
 def cli(*args, cwd=None, env=None, python=None, timeout=180) -> subprocess.CompletedProcess:
-    """Run `python -m conformance ARGS` in a fresh process; stdout and stderr captured."""
+    """Run `python -m attention_conformance ARGS` in a fresh process; stdout and stderr captured."""
     full_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **(env or {}))
     full_env.pop("PYTEST_XDIST_WORKER", None)
     # plugins a certification does not need, and slow to import on a busy machine
     full_env["PYTEST_ADDOPTS"] = "-p no:hypothesispytest -p no:benchmark -p no:cacheprovider"
-    return subprocess.run([python or sys.executable, "-m", "conformance", *map(str, args)],
+    return subprocess.run([python or sys.executable, "-m", "attention_conformance", *map(str, args)],
                           cwd=cwd or ROOT, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -123,7 +123,7 @@ class Ran:
 
 def run(capsys, *args) -> Ran:
     """`attention-conformance ARGS` in this process (for the commands that run no pytest)."""
-    from conformance.cli import main
+    from attention_conformance.cli import main
 
     capsys.readouterr()
     try:

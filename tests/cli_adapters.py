@@ -3,7 +3,7 @@
 Loaded by path (tests/cli_adapters.py:NAME), as a user's own adapter would be.
 """
 
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class WrongDefaultScale(NumpyBackend):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from _cli_support import ROOT, cli, make_spec
-from conformance.cli import build_parser
+from attention_conformance.cli import build_parser
 
 GUIDE = ROOT / "docs" / "adding-a-backend.md"
 EXAMPLE = ROOT / "examples" / "toy_backend"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conformance.spec import load_spec
+from attention_conformance.spec_loader import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -175,7 +175,7 @@ def test_validate_reports_every_problem_in_one_run(spec_dir):
     texts = {name: write(spec_dir, name, cases_text)
              for name, (cases_text, _, _) in SCENARIOS.items()}
     write(spec_dir, "zz_good", case("good-one"))
-    done = subprocess.run([sys.executable, "-m", "conformance", "--spec-dir",
+    done = subprocess.run([sys.executable, "-m", "attention_conformance", "--spec-dir",
                            str(spec_dir / "cases"), "validate"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from _cli_support import ROOT, TINY, adapter, cli, make_spec, run
-from conformance.cli import build_parser, certify_argv, main
+from attention_conformance.cli import build_parser, certify_argv, main
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +30,24 @@ def test_list_groups_by_topic_and_filters(tiny, capsys):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("tiny (5 cases)")
     assert re.search(r"tiny-sdpa-default-scale\s+sdpa\s+8 tests", result.stdout)
-    assert "5 cases in 1 topics, 18 tests per backend" in result.stdout
+    assert "5 cases of the quick profile in 1 topics, 18 tests per backend" in result.stdout
     only = run(capsys, "--spec-dir", tiny, "list", "--op", "sdpa", "--ids")
     assert only.stdout.split() == ["tiny-sdpa-default-scale", "tiny-empty-row"]
     keyword = run(capsys, "list", "--spec-dir", tiny, "-k", "ONE-HOT", "--dtype", "float64")
     assert "tiny-weights-causal" in keyword.stdout and "tiny-softmax" not in keyword.stdout
-    assert "1 cases in 1 topics, 1 tests per backend" in keyword.stdout
+    assert "1 cases of the quick profile in 1 topics, 1 tests per backend" in keyword.stdout
+
+
+def test_list_validate_and_certify_count_alike(tiny, capsys, tmp_path):
+    """The three commands give the same cases and tests, and name the profile they count."""
+    listed = re.search(r"(\d+) cases of the quick profile in \d+ topics, (\d+) tests",
+                       run(capsys, "--spec-dir", tiny, "list").stdout).groups()
+    validated = re.search(r"quick profile (\d+) cases, (\d+) tests",
+                          run(capsys, "--spec-dir", tiny, "validate").stdout).groups()
+    certified = cli("--spec-dir", tiny, "certify", "numpy", "-q", "-p", "no:cacheprovider")
+    summary = re.search(r"(\d+) cases of the quick profile \(of \d+\)", certified.stdout).groups()
+    ran = re.search(r"(\d+) passed", certified.stdout).group(1)
+    assert listed == validated == (summary[0], ran), (listed, validated, summary, ran)
 
 
 def test_list_of_the_real_spec_names_the_worked_examples(capsys):
@@ -91,7 +103,7 @@ def test_certify_exit_status_and_failure_message(tiny):
               "-q", "--", "-x")                                   # after --: pytest's -x
     assert bad.returncode == 1
     assert "1 failed" in bad.stdout                               # -x stopped it
-    assert "tiny/tiny-sdpa-default-scale[L3-D4-float64] failed on backend 'bad-scale'" in bad.stdout
+    assert "tiny/tiny-sdpa-default-scale[L3-D4-float64] on backend 'bad-scale'" in bad.stdout
     assert "worst abs error" in bad.stdout and "tolerance" in bad.stdout
     unknown = cli("certify", "no-such-backend")
     assert unknown.returncode == 4 and "unknown backend 'no-such-backend'" in unknown.stderr
@@ -116,29 +128,35 @@ def test_other_commands_refuse_unknown_options(capsys):
     assert "unrecognized arguments: --frobnicate" in capsys.readouterr().err
 
 
-def _tour_commands(text: str) -> list[list[str]]:
-    block = re.search(r"## Quick tour\n+```bash\n(.*?)```", text, re.S)
-    assert block, "no Quick tour block"
+def _documented_commands(text: str) -> list[list[str]]:
+    """The attention-conformance command lines of every bash block of a document."""
     commands = []
-    for line in block.group(1).splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line.startswith("attention-conformance "):
-            commands.append(shlex.split(line)[1:])
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("attention-conformance "):
+                commands.append(shlex.split(line)[1:])
     return commands
 
 
-def test_every_command_of_the_quick_tour_exists():
-    """The Quick tour of docs/cli.md (and the README, where it is copied) only uses
-    commands and options that the command line has."""
-    texts = [(ROOT / "docs" / "cli.md").read_text()]
-    readme = ROOT / "README.md"
-    if readme.exists() and "## Quick tour" in readme.read_text():
-        texts.append(readme.read_text())
+def test_every_documented_command_exists():
+    """Every attention-conformance command that the README and docs/ show in a bash
+    block parses with the real command line: no unknown command or option."""
     parser = build_parser()
-    for text in texts:
-        commands = _tour_commands(text)
-        used = {c[0] for c in commands}
-        assert {"list", "certify", "report", "export", "fuzz"} <= used
-        for command in commands:
+    used = set()
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for command in _documented_commands(doc.read_text()):
+            used.add(command[0])
             args, unknown = parser.parse_known_args(command)
-            assert not unknown, f"{command}: unknown {unknown}"
+            passthrough = args.command == "certify"     # certify hands the rest to pytest
+            assert passthrough or not unknown, f"{doc.name}: {command}: unknown {unknown}"
+    assert {"list", "certify", "report", "export", "fuzz", "validate", "golden"} <= used
+
+
+def test_the_readme_shows_the_installed_path_first():
+    """The README's first commands install the package and run it, before any checkout."""
+    text = (ROOT / "README.md").read_text()
+    first = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    assert first.splitlines()[0].startswith("pip install attention-conformance")
+    assert "attention-conformance certify numpy" in first
+    assert text.index("pip install attention-conformance") < text.index("pip install -e")

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance import reference
-from conformance.golden import rounded_inputs
-from conformance.interface import OUTPUTS
-from conformance.spec import load_spec
-from conformance.statistics import STATISTICS
+from attention_conformance import reference
+from attention_conformance.golden_compute import rounded_inputs
+from attention_conformance.ops import OPS
+from attention_conformance.spec_loader import load_spec
+from attention_conformance.statistics import STATISTICS
 
 ROOT = Path(__file__).resolve().parent.parent
 DETERMINISM = ROOT / "tests" / "determinism"
@@ -31,7 +31,7 @@ sys.path.append(str(DETERMINISM))
 
 from determinism_checksum import inputs_checksum  # noqa: E402
 
-#: sha256 of the inputs of tests/determinism/inputs.yaml, computed once (numpy 2.4.6)
+#: sha256 of the inputs of tests/determinism/determinism.yaml, computed once (numpy 2.4.6)
 FROZEN_SHA256 = "fbc1302870258380795e00e163e6e915cf7643b8f33a2309292a179cddd410c5"
 OTHER_SEEDS = 40
 
@@ -92,7 +92,7 @@ def statistic_cases():
 
 def _statistics(case, arrays):
     """name -> value of each statistic of the case, on the float64 reference output."""
-    outputs = dict(zip(OUTPUTS[case.op], reference.run(case.op, arrays, case.params)))
+    outputs = dict(zip(OPS[case.op].outputs, reference.run(case.op, arrays, case.params)))
     ctx = types.SimpleNamespace(outputs=outputs)
     return [(s, STATISTICS[s["name"]](ctx, s.get("output"))) for s in case.expect["statistic"]]
 

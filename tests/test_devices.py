@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance.loading import BackendLoadError, load_backend
-from conformance.reference import sdpa as reference_sdpa
+from attention_conformance.loading import BackendLoadError, load_backend
+from attention_conformance.reference import sdpa as reference_sdpa
 
 from _cli_support import cli, make_spec
 
@@ -117,7 +117,7 @@ def test_torch_tensors_follow_the_backend_device():
     """Every op makes its tensors on the backend's device (seen with torch's meta device,
     which needs no accelerator)."""
     torch = _torch()
-    from backends.torch import _mask_to_torch, _to_torch
+    from attention_conformance.backends.torch import _mask_to_torch, _to_torch
     backend = load_backend("torch")
     backend.device = torch.device("meta")
     with backend._running():
@@ -282,7 +282,7 @@ def test_jax_cudnn_refusals_are_unsupported_never_xla():
     """What cuDNN refuses (here: everything, as the CPU has no cuDNN) is
     NotImplementedError with cuDNN's reason, not a run of the XLA implementation."""
     jax = _jax()
-    from backends.jax import JaxCudnnBackend
+    from attention_conformance.backends.jax import JaxCudnnBackend
     backend = object.__new__(JaxCudnnBackend)        # bypasses the GPU check on purpose
     backend.device = jax.devices("cpu")[0]
     q, k, v = _qkv((1, 2, 3, 4), (1, 2, 5, 4), dv=4, dtype=np.float16)
@@ -296,7 +296,7 @@ def test_jax_cudnn_refusals_are_unsupported_never_xla():
 
 
 def test_certify_passes_the_device_to_the_plugin(tmp_path):
-    from conformance.cli import build_parser, certify_argv
+    from attention_conformance.cli import build_parser, certify_argv
     args, rest = build_parser().parse_known_args(["certify", "torch", "--device", "cuda:1"])
     argv = certify_argv(args, rest)
     assert argv[argv.index("--device") + 1] == "cuda:1"

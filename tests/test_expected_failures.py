@@ -6,13 +6,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conformance import golden
+from attention_conformance import golden_store
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "worked_examples/wo-shi-xiao-gou-first-output-is-v0"
 
 ADAPTER = '''
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class SkipsScale(NumpyBackend):
@@ -51,7 +51,7 @@ def small_spec(tmp_path):
     for name in ("schema.json", "tolerances.yaml", "cases/worked_examples.yaml",
                  "golden/worked_examples.npz"):
         shutil.copy(ROOT / "spec" / name, spec / name)
-    golden.write_manifest(spec / "golden")
+    golden_store.write_manifest(spec / "golden")
     return spec / "cases"
 
 

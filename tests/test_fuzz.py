@@ -13,10 +13,10 @@ pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from _cli_support import adapter, cli, run  # noqa: E402
-from backends.numpy import NumpyBackend  # noqa: E402
-from conformance.fuzz import case_strategy, fuzz, has_empty_rows, load_document  # noqa: E402
-from conformance.loading import load_backend  # noqa: E402
-from conformance.spec import load_spec  # noqa: E402
+from attention_conformance.backends.numpy import NumpyBackend  # noqa: E402
+from attention_conformance.fuzz import case_strategy, fuzz, has_empty_rows, load_document  # noqa: E402
+from attention_conformance.loading import load_backend  # noqa: E402
+from attention_conformance.spec_loader import load_spec  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None, database=None,

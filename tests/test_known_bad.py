@@ -9,15 +9,17 @@ planted, pass every quick case.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from conformance import golden as golden_data
-from conformance.golden import GoldenStore
-from conformance.spec import load_spec
+from attention_conformance import golden_freeze
+from attention_conformance.golden_store import GoldenStore
+from attention_conformance.spec_loader import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 KNOWN_BAD = ROOT / "tests" / "known_bad"
@@ -27,6 +29,7 @@ from _harness import (bug_files, catch, first_catch, item_id, load_bug, outcome,
                       quick_items)
 from _needs import NEEDS  # noqa: E402
 from _plant import Planted  # noqa: E402
+from _tiled import TiledPlanted, good as tiled_good  # noqa: E402
 
 MIN_CAUGHT = 15
 
@@ -74,7 +77,7 @@ def test_each_known_bad_adapter_plants_one_named_bug():
     assert len(bug_files()) >= MIN_CAUGHT
     for path in bug_files():
         backend = load_bug(path)
-        assert isinstance(backend, Planted) and _doc(path), path
+        assert isinstance(backend, (Planted, TiledPlanted)) and _doc(path), path
         declared = backend.name  # each planted bug declares its own name
         assert declared.startswith("bad-") and declared != "bad-planted", path
 
@@ -85,10 +88,67 @@ def _failures(backend, spec, golden):
 
 
 def test_the_correct_numpy_backend_passes_every_quick_case(spec, golden):
-    from backends.numpy import NumpyBackend
+    from attention_conformance.backends.numpy import NumpyBackend
 
     failures = _failures(NumpyBackend(), spec, golden)
     assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.parametrize("block", [16, 64])
+def test_the_correct_tiled_adapter_passes_every_quick_case(block, spec, golden):
+    """tests/known_good/tiled.py, tiles of 16 and of 64, certified like any backend."""
+    backend = {16: tiled_good.Tiled16, 64: tiled_good.Tiled64}[block]()
+    assert (backend.block_q, backend.block_k) == (block, block)
+    failures = _failures(backend, spec, golden)
+    assert not failures, "\n".join(failures[:10])
+
+
+def test_the_tiled_planting_machinery_alone_plants_no_bug(spec, golden):
+    """A TiledPlanted subclass with nothing planted computes what Tiled16 computes, bit for bit."""
+    class NoTiledBug(TiledPlanted):
+        """No bug: the machinery of the tiled known-bad adapters with nothing planted."""
+
+    plain, planted = tiled_good.Tiled16(), NoTiledBug()
+    assert planted.name == "bad-no-tiled-bug"
+    items = [(c, v, d) for c, v, d in quick_items(spec) if c.topic == "tiles"]
+    assert len(items) > 50
+    for case, variant, dtype in items:
+        assert outcome(planted, case, variant, dtype, golden) is None, item_id(case, variant, dtype)
+    from attention_conformance.inputs import build_inputs
+    case = spec.by_id()["tiles-causal-bottom-right-vjp"]
+    arrays = build_inputs(case.inputs, case.variants[0].dims)
+    args = [arrays[n] for n in ("q", "k", "v", "d_out")]
+    for a, b in zip(plain.sdpa_vjp(*args, causal="bottom_right"),
+                    planted.sdpa_vjp(*args, causal="bottom_right")):
+        assert np.array_equal(a, b)
+
+
+def _documented_catches():
+    """bug -> first catching test id, from the table of docs/failures.md."""
+    table = (ROOT / "docs" / "failures.md").read_text()
+    return dict(re.findall(r"^\| `(\w+)`: .*? \| `([^`]+)` \|", table, re.MULTILINE))
+
+
+def test_docs_failures_table_names_the_first_catching_case(catches):
+    documented = _documented_catches()
+    assert set(documented) == {p.stem for p in bug_files()}, "regenerate docs/failures.md"
+    wrong = {bug: (documented[bug], found[0]) for bug, found in catches.items()
+             if isinstance(found, tuple) and documented[bug] != found[0]}
+    assert not wrong, f"docs/failures.md is stale (python tests/known_bad/_harness.py): {wrong}"
+
+
+def test_every_tiled_bug_is_caught_by_the_quick_spec(catches):
+    tiled = {bug: found for bug, found in catches.items() if bug.startswith("tiled_")}
+    assert len(tiled) >= 10
+    missed = [bug for bug, found in tiled.items() if not isinstance(found, tuple)]
+    assert not missed, f"tiled bugs no quick case catches: {missed}"
+
+
+def test_each_tiled_bug_cites_its_upstream_thread():
+    for path in bug_files():
+        if path.stem.startswith("tiled_"):
+            text = path.read_text()
+            assert "Upstream:" in text and re.search(r"(PR|issue) \d+", text), path
 
 
 def test_the_planting_machinery_alone_plants_no_bug(spec, golden):
@@ -105,7 +165,7 @@ def revealing(tmp_path_factory):
     spec = load_spec(KNOWN_BAD / "revealing")
     assert not spec.errors, "\n".join(map(str, spec.errors))
     directory = tmp_path_factory.mktemp("golden")
-    golden_data.regenerate(spec.cases, directory)
+    golden_freeze.regenerate(spec.cases, directory)
     return spec, GoldenStore(directory)
 
 
@@ -122,7 +182,7 @@ def test_a_case_of_the_kind_a_bug_needs_catches_it(bug, revealing):
 
 
 def test_the_correct_numpy_backend_passes_the_revealing_cases(revealing):
-    from backends.numpy import NumpyBackend
+    from attention_conformance.backends.numpy import NumpyBackend
 
     failures = _failures(NumpyBackend(), *revealing)
     assert not failures, "\n".join(failures)
@@ -131,14 +191,15 @@ def test_the_correct_numpy_backend_passes_the_revealing_cases(revealing):
 def test_a_planted_bug_fails_through_the_pytest_plugin():
     case = "wo-ai-zhong-guo-cross-attention"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "spec/cases", "-p", "conformance.plugin",
+        [sys.executable, "-m", "pytest", "spec/cases", "-p", "attention_conformance.plugin",
          "-p", "no:cacheprovider", "--backend", "tests/known_bad/wrong_scale.py:WrongScale",
          "-k", case, "--dtype", "float32"], capture_output=True, text=True, cwd=ROOT,
         timeout=300, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     out = done.stdout
     assert done.returncode == 1, out[-3000:] + done.stderr[-3000:]
-    assert (f"worked_examples/{case}[Lq3-Lk4-D64-float32] failed on backend 'bad-wrong-scale', "
+    assert (f"test:   worked_examples/{case}[Lq3-Lk4-D64-float32] on backend 'bad-wrong-scale', "
             "dtype float32") in out
+    assert f"FAIL worked_examples/{case}[Lq3-Lk4-D64-float32]: golden out:" in out
     assert "op:     sdpa; inputs: q (3, 64), k (4, 64), v (4, 64); params: none" in out
     assert "golden out: worst abs error" in out and "tolerance" in out
     assert "2 failed" in out

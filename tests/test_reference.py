@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from conformance import reference as R
+from attention_conformance import reference as R
 
 
 def rng(seed):

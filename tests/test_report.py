@@ -7,8 +7,8 @@ import json
 import pytest
 
 from _cli_support import adapter, cli, make_spec, run
-from conformance.interface import POLICIES
-from conformance.results import FORMAT, spec_hash
+from attention_conformance.policies import POLICIES
+from attention_conformance.results import FORMAT, spec_hash
 
 EXPECTED = """\
 backend: bad-scale

@@ -4,9 +4,11 @@ import json
 
 import pytest
 
-from conformance import spec_cache
-from conformance.paths import CASES_DIR
-from conformance.spec import load_spec
+from attention_conformance import spec_cache
+from attention_conformance.spec_folder import default_folder
+from attention_conformance.spec_loader import load_spec
+
+CASES_DIR = default_folder().cases_dir
 
 GOOD = """\
 topic: tiny

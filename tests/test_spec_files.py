@@ -4,9 +4,14 @@ import re
 
 import pytest
 
-from conformance import golden
-from conformance.paths import CASES_DIR, GOLDEN_DIR
-from conformance.spec import load_spec
+from attention_conformance import golden_freeze
+
+from attention_conformance import golden_store
+from attention_conformance.spec_folder import default_folder
+from attention_conformance.spec_loader import load_spec
+
+CASES_DIR = default_folder().cases_dir
+GOLDEN_DIR = default_folder().golden_dir
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +51,15 @@ def test_case_descriptions_are_short_facts(spec):
 
 
 def test_golden_manifest_lists_exactly_the_golden_files():
-    listed = set(golden.read_manifest(GOLDEN_DIR))
+    listed = set(golden_store.read_manifest(GOLDEN_DIR))
     present = {p.name for p in GOLDEN_DIR.glob("*.npz")}
     assert listed == present
-    for name, digest in golden.read_manifest(GOLDEN_DIR).items():
-        assert golden.sha256(GOLDEN_DIR / name) == digest, name
+    for name, digest in golden_store.read_manifest(GOLDEN_DIR).items():
+        assert golden_store.sha256(GOLDEN_DIR / name) == digest, name
 
 
 def test_golden_data_match_the_reference(spec):
-    problems = golden.check(spec.cases, GOLDEN_DIR)
+    problems = golden_freeze.check(spec.cases, GOLDEN_DIR)
     assert not problems, "\n".join(problems[:20])
 
 

@@ -6,7 +6,7 @@ converts with np.asarray, which is exactly why the runner must refuse it explici
 
 import numpy as np
 
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class Tensor:

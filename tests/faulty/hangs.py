@@ -2,7 +2,7 @@
 
 import time
 
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class Hangs(NumpyBackend):

@@ -2,7 +2,7 @@
 
 import attention_framework_that_is_not_installed  # noqa: F401
 
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class ImportFails(NumpyBackend):

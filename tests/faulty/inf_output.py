@@ -1,6 +1,6 @@
 """Faulty: sdpa returns inf in its last output element (an overflow)."""
 
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class InfOutput(NumpyBackend):

@@ -1,6 +1,6 @@
 """Faulty: sdpa returns NaN in its first output element (an uninitialised buffer)."""
 
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class NanOutput(NumpyBackend):

@@ -1,6 +1,6 @@
 """Faulty: sdpa returns nested Python lists (out.tolist()) instead of an array."""
 
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class PlainList(NumpyBackend):

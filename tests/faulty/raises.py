@@ -1,6 +1,6 @@
 """Faulty: sdpa raises an error of its framework (a kernel that crashes)."""
 
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class Raises(NumpyBackend):

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class WritesInput(NumpyBackend):

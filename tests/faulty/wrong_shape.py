@@ -1,6 +1,6 @@
 """Faulty: sdpa drops the last query row (an off-by-one in the output slice)."""
 
-from backends.numpy import NumpyBackend
+from attention_conformance.backends.numpy import NumpyBackend
 
 
 class WrongShape(NumpyBackend):

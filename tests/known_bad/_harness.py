@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from conformance.golden import GoldenStore
-from conformance.loading import load_backend
-from conformance.runner import Unsupported, run_case
-from conformance.spec import load_spec
+from attention_conformance.golden_store import GoldenStore
+from attention_conformance.loading import load_backend
+from attention_conformance.outcomes import Unsupported
+from attention_conformance.runner import run_case
+from attention_conformance.spec_loader import load_spec
 
 from _needs import NEEDS
 
@@ -26,7 +27,8 @@ def bug_files() -> list[Path]:
 
 def load_bug(path: Path):
     """The backend of a known-bad adapter file, through the suite's own loader."""
-    [cls] = re.findall(r"^class (\w+)\(Planted\)", path.read_text(), re.MULTILINE)
+    [cls] = re.findall(r"^class (\w+)\((?:Planted|TiledPlanted)\)", path.read_text(),
+                       re.MULTILINE)
     return load_backend(f"{path}:{cls}")
 
 

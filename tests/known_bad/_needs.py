@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance import reference
-from conformance.inputs import build_inputs
+from attention_conformance import reference
+from attention_conformance.inputs import build_inputs
 
 
 def _variant_inputs(case):
@@ -63,6 +63,33 @@ def grouped_query(case):
                for a in _variant_inputs(case))
 
 
+def bias_over_key_tiles(case, tile=16):
+    """A bias over more keys than one tile of `tile` (the tiled known-bad adapters' size)."""
+    if "bias" not in case.inputs or case.op not in ("attention_weights", "sdpa", "sdpa_vjp"):
+        return False
+    return any(a["k"].shape[-2] > tile for a in _variant_inputs(case))
+
+
+def _row_largest_scores(case, arrays):
+    """The largest score that reaches the softmax in each query row (-inf: no key)."""
+    if case.op not in ("attention_weights", "sdpa", "sdpa_vjp"):
+        return np.array([])
+    q, k, p = arrays["q"], reference._expand_kv(arrays["q"], arrays["k"]), case.params
+    scale = 1 / np.sqrt(q.shape[-1]) if p.get("scale") is None else p["scale"]
+    scores = reference._logits(q, k, scale=scale, softcap=p.get("softcap"),
+                               bias=arrays.get("bias"))
+    keep = reference.allowed_keys(q.shape[-2], k.shape[-2], causal=p.get("causal"),
+                                  window=p.get("window")) & arrays.get("mask", True)
+    live = np.broadcast_to(keep, scores.shape) & np.isfinite(scores)
+    return np.max(np.where(live, scores, -np.inf), axis=-1, initial=-np.inf)
+
+
+def row_scores_below_minus_5e4(case):
+    """Some query row whose every allowed score lies below -5e4 (a finite sentinel)."""
+    return any(np.any(np.isfinite(m) & (m < -5e4))
+               for a in _variant_inputs(case) for m in [_row_largest_scores(case, a)])
+
+
 #: bug -> (the kind of case that reveals it, a test of a case for being of that kind)
 NEEDS = {
     "bias_ignored_with_mask": ("case with both a mask and a bias",
@@ -74,6 +101,10 @@ NEEDS = {
                               lambda c: "fully_masked_rows" in c.expect.get("policy", {})),
     "no_max_subtraction": ("softmax or attention case whose scores overflow exp (past 88 in "
                            "float32, 709 in float64)", scores_overflow),
+    "tiled_bias_column_offset": ("case with a bias over more than one key tile of 16",
+                                 bias_over_key_tiles),
+    "tiled_finite_initial_max": ("case with a query row whose allowed scores all lie below "
+                                 "-5e4", row_scores_below_minus_5e4),
     "vjp_missing_scale": ("sdpa_vjp case with a scale other than 1",
                           lambda c: c.op == "sdpa_vjp" and c.params.get("scale") != 1),
 }

@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import re
 
-from backends import numpy as numpy_backend
-from backends.numpy import NumpyBackend
-from conformance.interface import OPERATIONS
+from attention_conformance.backends import numpy as numpy_backend
+from attention_conformance.backends.numpy import NumpyBackend
+from attention_conformance.ops import OPS
 
 
 class Planted(NumpyBackend):
@@ -48,7 +48,7 @@ def _with_helpers(op):
     return call
 
 
-for _op in OPERATIONS:
+for _op in OPS:
     setattr(Planted, _op, _with_helpers(_op))
 
 #: the correct helpers, for stand-ins that wrap them

@@ -1,54 +1,24 @@
-"""Loading the spec: YAML case files, validated against spec/schema.json.
+"""Loading a spec folder: YAML case files, validated against the package's schema.json.
 
 Every file is read with a safe loader (no YAML tag can construct a Python object) that
 also finds duplicate mapping keys and remembers the line of every key (spec_yaml.py).
 Every problem becomes a :class:`SpecError` naming file, line and case id; a bad case is
 set aside, the others still load, and a bad file does not stop the files after it.
-The schema and the tolerances are read from the spec folder being loaded (the parent
-of its cases folder), falling back to the project's own.
+The tolerances (which dtypes exist) are the spec folder's own (spec_folder.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import spec_cache
-from .paths import SPEC_DIR, TOLERANCES_FILE
+from .case import Case, Variant
+from .spec_folder import SpecFolder, default_folder
 from .spec_schema import schema_errors, schema_validator
-from .spec_yaml import LineDict, SpecError, parse_yaml
-
-__all__ = ["Case", "LineDict", "Spec", "SpecError", "Variant", "load_file", "load_spec",
-           "parse_yaml", "schema_validator"]
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One binding of a case's named dims; label '' when the case has none."""
-
-    label: str
-    dims: dict
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    topic: str
-    description: str
-    source: str
-    op: str
-    inputs: dict
-    params: dict
-    dtypes: tuple
-    expect: dict
-    variants: tuple
-    profile: str
-    file: str
-    line: int
-    raw: dict = field(repr=False, compare=False, default_factory=dict)
-
-    def where(self) -> str:
-        return f"{self.file}:{self.line}"
+from .spec_yaml import SpecError, parse_yaml
+from .tolerances import load_tolerances
+from .validation import static_errors
 
 
 def _variants(raw) -> tuple[Variant, ...]:
@@ -117,7 +87,11 @@ def load_file(path: Path, relative_to: Path | None = None,
     if not isinstance(document, dict):
         return [], [SpecError(name, 1, None, "a case file is a mapping with 'topic' and 'cases'")]
     raw_cases = document.get("cases") if isinstance(document.get("cases"), list) else []
-    found = schema_errors(document, name, schema_validator(schema or SPEC_DIR / "schema.json"))
+    found = schema_errors(document, name, schema_validator(schema or default_folder().schema_file))
+    topic = document.get("topic")
+    if isinstance(topic, str) and topic != path.stem:
+        found.append((None, SpecError(name, getattr(document, "key_lines", {}).get("topic", 1), None,
+                                      f"topic {topic!r} is not the file's name {path.stem!r}")))
     found += _duplicate_errors(duplicates, raw_cases, name)
     errors = [error for _, error in sorted(found, key=lambda pair: pair[1].line)]
     if any(index is None for index, _ in found):
@@ -137,14 +111,8 @@ class Spec:
         return {c.id: c for c in self.cases}
 
 
-def _beside(folder: Path, name: str, default: Path) -> Path:
-    return folder / name if (folder / name).is_file() else default
-
-
 def _tolerance_dtypes(path: Path) -> tuple[set | None, list[SpecError]]:
     """The dtypes that have a tolerance in `path` (None if the file cannot be read)."""
-    from .tolerances import load_tolerances
-
     try:
         return set(load_tolerances(path).unit_roundoff), []
     except Exception as exc:   # any unreadable tolerances file is one clear problem
@@ -173,20 +141,22 @@ def _from_cache(name: str, key: str) -> list[Case] | None:
             for entry in stored["cases"]]
 
 
-def load_spec(cases_dir: Path | None = None, *, check=True, cache=False) -> Spec:
-    """Every case under a cases folder, with every problem found (nothing is raised).
+def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
+              cache=False) -> Spec:
+    """Every case of a spec folder, with every problem found (nothing is raised).
 
-    cache: take files that validated cleanly before, unchanged, from spec_cache
-    (the pytest plugin does; `attention-conformance validate` and the tests do not).
+    folder: a SpecFolder, or the path of a spec folder or of its cases folder
+    (default: the default spec folder). cache: take files that validated cleanly
+    before, unchanged, from spec_cache (the pytest plugin does; `attention-conformance
+    validate` and the tests do not).
     """
-    from .checks_static import static_errors
-
-    cases_dir = Path(cases_dir or SPEC_DIR / "cases")
+    if not isinstance(folder, SpecFolder):
+        folder = default_folder() if folder is None else SpecFolder.at(folder)
+    cases_dir = folder.cases_dir
     if not cases_dir.is_dir():
         return Spec([], [SpecError(cases_dir, 0, None, "no such folder of case files")])
-    root = cases_dir.parent.parent if cases_dir.parent.name == "spec" else cases_dir.parent
-    schema = _beside(cases_dir.parent, "schema.json", SPEC_DIR / "schema.json")
-    tolerances = _beside(cases_dir.parent, "tolerances.yaml", TOLERANCES_FILE)
+    root = folder.root.parent
+    schema, tolerances = folder.schema_file, folder.tolerances_file
     known_dtypes, errors = _tolerance_dtypes(tolerances)
     errors += [SpecError(_file_name(p, root), 0, None, "case files end in .yaml")
                for p in sorted(cases_dir.glob("*.yml"))]
@@ -195,6 +165,10 @@ def load_spec(cases_dir: Path | None = None, *, check=True, cache=False) -> Spec
         else (lambda case: [])
     spec, seen = Spec([], errors), {}
     for path in sorted(cases_dir.glob("*.yaml")):
+        if path.is_symlink() or not path.is_file():
+            spec.errors.append(SpecError(_file_name(path, root), 0, None, "a case file must be a"
+                                         " regular file inside the folder (a link is refused)"))
+            continue
         key = _cache_key(path, schema, known_dtypes) if cache and check else None
         cached = key and _from_cache(_file_name(path, root), key)
         if cached:

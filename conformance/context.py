@@ -1,0 +1,41 @@
+"""What a check sees of one run: the case, the inputs as given, the outputs, the golden
+store and the tolerance rule of the spec folder, and a way to call the backend again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .calling import call_checked
+from .dtypes import numpy_dtype
+from .tolerances import Tolerances
+
+
+@dataclass
+class Context:
+    backend: object
+    case: object
+    variant: object
+    dtype: str
+    arrays: dict            # inputs as given to the backend (dtype-cast)
+    exact_inputs: dict      # the same inputs in float64
+    outputs: dict           # output name -> backend result as float64
+    golden: object          # a GoldenStore
+    tolerances: Tolerances
+
+    @property
+    def params(self):
+        return self.case.params
+
+    def call(self, arrays=None, op=None, **params):
+        """Call the backend again (metamorphic properties), returning float64 outputs."""
+        op = op or self.case.op
+        merged = dict(self.case.params if op == self.case.op else {}, **params)
+        raw = call_checked(self.backend, op, arrays or self.arrays, merged)
+        return [np.array(r, dtype=np.float64, subok=False) for r in raw]
+
+    def cast(self, array):
+        """A float64 array as the backend receives it (the case dtype; bool unchanged)."""
+        array = np.asarray(array)
+        return array if array.dtype == bool else array.astype(numpy_dtype(self.dtype))

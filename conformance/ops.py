@@ -1,0 +1,74 @@
+"""The operations of the attention interface: one table that validation, the reference's
+dispatch, the runner, properties, fuzzing, the command line and the docs all read.
+
+Adding an op starts here (docs/contributing.md has the whole checklist).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import shapes
+
+#: the alignments of a causal mask when Lq != Lk (the `causal` param)
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+#: the score functions of the `scores` op (its `kind` param)
+SCORE_KINDS = ("dot", "scaled_dot", "bilinear", "additive")
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    positional: tuple[str, ...]       # inputs passed positionally, in this order
+    keyword_inputs: tuple[str, ...]   # optional array inputs, passed by keyword
+    params: tuple[str, ...]           # keyword parameters (plain values)
+    required_params: tuple[str, ...]
+    outputs: tuple[str, ...]          # a tuple return is matched to these in order
+    shapes: Callable                  # (input shapes, params) -> output shapes
+    query_side: tuple[str, ...]       # inputs whose axis -2 runs over queries
+    key_side: tuple[str, ...]         # inputs whose axis -2 runs over keys
+    policy_aware: bool                # its result depends on the declared policies
+    fuzzed: bool                      # drawn by `attention-conformance fuzz`
+    summary: str
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.positional + self.keyword_inputs
+
+
+_PIPELINE = ("causal", "scale", "softcap", "window")
+
+OPS: dict[str, Op] = {op.name: op for op in (
+    Op("softmax", ("x",), (), ("axis",), (), ("out",), shapes.softmax, (), (),
+       False, False, "softmax of x along an axis"),
+    Op("scores", ("q", "k"), ("w", "u", "v"), ("kind", "scale"), ("kind",), ("out",),
+       shapes.scores, ("q",), ("k",), False, False,
+       "the score matrix of a score function: dot, scaled_dot, bilinear or additive"),
+    Op("attention_weights", ("q", "k"), ("mask", "bias"), _PIPELINE, (), ("out",),
+       shapes.attention_weights, ("q",), ("k",), True, True,
+       "softmax(q kᵀ · scale + bias, masked) over the keys"),
+    Op("sdpa", ("q", "k", "v"), ("mask", "bias"), _PIPELINE, (), ("out",), shapes.sdpa,
+       ("q",), ("k", "v"), True, True, "scaled dot-product attention: weights @ v"),
+    Op("self_attention", ("x", "w_q", "w_k", "w_v"), ("mask",), ("causal",), (), ("out",),
+       shapes.self_attention, ("x",), ("x",), True, False,
+       "sdpa of x w_q, x w_k, x w_v (one head)"),
+    Op("multi_head_attention", ("query", "key", "value"), ("w_q", "w_k", "w_v", "w_o", "mask"),
+       ("num_heads", "num_kv_heads", "causal"), ("num_heads",), ("out",),
+       shapes.multi_head_attention, ("query",), ("key", "value"), True, False,
+       "projections, heads (grouped-query with num_kv_heads), sdpa, output projection"),
+    Op("sdpa_vjp", ("q", "k", "v", "d_out"), ("mask", "bias"), _PIPELINE, (),
+       ("dq", "dk", "dv"), shapes.sdpa_vjp, ("q",), ("k", "v"), True, True,
+       "the gradients of sdpa for an upstream gradient d_out"),
+)}
+
+
+def op(name: str) -> Op:
+    return OPS[name]
+
+
+def output_shapes(name: str, input_shapes: dict, params: dict) -> tuple[tuple, ...]:
+    """Shapes of op `name`'s outputs; ValueError if the inputs are inconsistent."""
+    if name not in OPS:
+        raise ValueError(f"unknown op {name!r}")
+    return OPS[name].shapes(input_shapes, params)

@@ -1,0 +1,36 @@
+"""The behaviours the specification leaves to the implementation: one table.
+
+Each backend declares one choice per policy; a case may expect a different outcome per
+choice (docs/interface.md says what each choice means for every op, sdpa_vjp included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    choices: tuple[str, ...]
+    meaning: str                 # what the policy is about, for reports
+    reference_default: str       # the float64 reference's choice when a case names none
+
+
+POLICY_TABLE: dict[str, Policy] = {p.name: p for p in (
+    Policy("fully_masked_rows", ("zeros", "uniform", "nan"),
+           "query whose every key is masked (boolean mask, causal or window)", "zeros"),
+    Policy("neg_inf_bias_rows", ("zeros", "uniform", "nan"),
+           "query whose every key has a -inf additive bias", "nan"),
+    Policy("masked_key_nan", ("ignored", "propagates"),
+           "NaN stored in a masked-out key", "ignored"),
+    Policy("masked_value_nan", ("ignored", "propagates"),
+           "NaN stored in a masked-out value", "ignored"),
+)}
+
+#: name -> its choices
+POLICIES: dict[str, tuple[str, ...]] = {n: p.choices for n, p in POLICY_TABLE.items()}
+#: name -> what it is about
+POLICY_MEANING: dict[str, str] = {n: p.meaning for n, p in POLICY_TABLE.items()}
+#: name -> the reference's choice when a case names none
+DEFAULT_POLICIES: dict[str, str] = {n: p.reference_default for n, p in POLICY_TABLE.items()}

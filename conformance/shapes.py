@@ -1,0 +1,113 @@
+"""Output shapes of each op from its input shapes (ValueError when they are inconsistent).
+
+ops.py names one of these per op; validation runs them on every case, the runner on
+every backend output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _bcast(*shapes, what):
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ValueError(f"{what}: shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+
+
+def _width(a, b, name_a, name_b, axis_a=-1, axis_b=-1):
+    if a[axis_a] != b[axis_b]:
+        raise ValueError(f"{name_a} has width {a[axis_a]} but {name_b} has {b[axis_b]}"
+                         f" ({name_a} {a}, {name_b} {b})")
+
+
+def attention(q, k, v, mask, bias):
+    """Score shape and output shape of attention over q, k (and v)."""
+    if len(q) < 2 or len(k) < 2:
+        raise ValueError("q and k need at least two dims (tokens, features)")
+    _width(q, k, "q", "k")
+    kb = list(k[:-2])
+    if len(q) >= 3 and len(k) >= 3 and k[-3] not in (1, q[-3]):
+        if q[-3] % k[-3]:
+            raise ValueError(f"{q[-3]} query heads are not a multiple of {k[-3]} kv heads")
+        kb[-1] = q[-3]
+    batch = _bcast(q[:-2], tuple(kb), what="q and k batch dims")
+    score = batch + (q[-2], k[-2])
+    for name, shape in (("mask", mask), ("bias", bias)):
+        if shape is not None:
+            if len(_bcast(shape, score, what=f"{name} against scores {score}")) != len(score):
+                raise ValueError(f"{name} {shape} has more dims than the scores {score}")
+    if v is None:
+        return score, score
+    if v[-2] != k[-2]:
+        raise ValueError(f"k has {k[-2]} tokens but v has {v[-2]}")
+    return score, batch + (q[-2], v[-1])
+
+
+def softmax(s, params):
+    axis = params.get("axis", -1)
+    if not -len(s["x"]) <= axis < len(s["x"]):
+        raise ValueError(f"axis {axis} is out of range for x of {len(s['x'])} dims")
+    return (s["x"],)
+
+
+def scores(s, params):
+    q, k, kind = s["q"], s["k"], params["kind"]
+    if kind in ("dot", "scaled_dot"):
+        _width(q, k, "q", "k")
+    elif kind == "bilinear":
+        _width(q, s["w"], "q", "w", -1, 0)
+        _width(k, s["w"], "k", "w", -1, 1)
+    elif kind == "additive":
+        _width(k, s["w"], "k", "w", -1, 0)
+        _width(q, s["u"], "q", "u", -1, 0)
+        _width(s["w"], s["u"], "w", "u")
+        _width(s["w"], s["v"], "w", "v", -1, 0)
+    return (_bcast(q[:-2], k[:-2], what="q and k batch dims") + (q[-2], k[-2]),)
+
+
+def attention_weights(s, params):
+    return (attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0],)
+
+
+def sdpa(s, params):
+    return (attention(s["q"], s["k"], s["v"], s.get("mask"), s.get("bias"))[1],)
+
+
+def sdpa_vjp(s, params):
+    out = sdpa(s, params)[0]
+    if tuple(s["d_out"]) != tuple(out):
+        raise ValueError(f"d_out {s['d_out']} is not the output shape {out}")
+    return (s["q"], s["k"], s["v"])
+
+
+def self_attention(s, params):
+    x = s["x"]
+    for w in ("w_q", "w_k", "w_v"):
+        _width(x, s[w], "x", w, -1, 0)
+    _width(s["w_q"], s["w_k"], "w_q", "w_k")
+    q, v = x[:-1] + (s["w_q"][1],), x[:-1] + (s["w_v"][1],)
+    return (attention(q, q, v, s.get("mask"), None)[1],)
+
+
+def multi_head_attention(s, params):
+    heads = params["num_heads"]
+    kv_heads = params.get("num_kv_heads") or heads
+    for w, x in (("w_q", "query"), ("w_k", "key"), ("w_v", "value")):
+        _width(s[x], s[w], x, w, -1, 0)
+    for w, h in (("w_q", heads), ("w_k", kv_heads), ("w_v", kv_heads)):
+        if s[w][1] % h:
+            raise ValueError(f"{w} width {s[w][1]} is not divisible by {h} heads")
+    if s["w_q"][1] // heads != s["w_k"][1] // kv_heads:
+        raise ValueError("w_q and w_k give different head widths")
+    if heads % kv_heads:
+        raise ValueError(f"{heads} heads are not a multiple of {kv_heads} kv heads")
+    if s["w_o"][0] != heads * (s["w_v"][1] // kv_heads):
+        raise ValueError(f"w_o has {s['w_o'][0]} rows, expected heads x value head width")
+    batch = _bcast(s["query"][:-2], s["key"][:-2], s["value"][:-2], what="batch dims")
+    if s["key"][-2] != s["value"][-2]:
+        raise ValueError("key and value have different numbers of tokens")
+    if s.get("mask") is not None:
+        _bcast(s["mask"], batch + (heads, s["query"][-2], s["key"][-2]), what="mask")
+    return (batch + (s["query"][-2], s["w_o"][1]),)
