@@ -84,7 +84,7 @@ class _KernelBackend(TorchBackend):
         only = f"under sdpa_kernel([SDPBackend.{self.kernel.name}]) on {self.device}: " \
                f"the {self.label} kernel or unsupported, never another kernel"
         self.versions["sdpa_kernel"] = self.kernel.name
-        not_here = f"not run: no SDPA call to certify (the torch backend certifies it)"
+        not_here = "not run: no SDPA call to certify (the torch backend certifies it)"
         self.paths = {
             "softmax": not_here,
             "scores": not_here,

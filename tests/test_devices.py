@@ -145,6 +145,7 @@ _FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
                                                ("torch-flash", _FLASH, _MATH)])
 @pytest.mark.parametrize("rank", [2, 3, 4, 5])
 def test_each_kernel_backend_runs_its_kernel(name, runs, never, rank):
+    _torch()
     backend = load_backend(name)
     lead = (2, 2, 3)[3 - (rank - 2):] if rank > 2 else ()     # (), (3,), (2, 3), (2, 2, 3)
     q, k, v = _qkv(lead + (4, 8), lead + (6, 8))
@@ -159,6 +160,7 @@ def test_each_kernel_backend_runs_its_kernel(name, runs, never, rank):
 
 
 def test_plain_torch_still_lets_torch_choose():
+    _torch()
     backend = load_backend("torch")
     q, k, v = _qkv((3, 4, 8), (3, 6, 8))
     assert _MATH in _aten_ops(lambda: backend.sdpa(q, k, v))      # 3-D inputs: math
@@ -167,6 +169,7 @@ def test_plain_torch_still_lets_torch_choose():
 
 
 def test_a_refused_input_is_unsupported_with_torchs_reason():
+    _torch()
     backend = load_backend("torch-flash")
     q, k, v = _qkv(dv=5)
     with pytest.raises(NotImplementedError, match=r"torch-flash: the flash kernel refused "
@@ -179,6 +182,7 @@ def test_a_refused_input_is_unsupported_with_torchs_reason():
 
 @pytest.mark.parametrize("name", ["torch-math", "torch-flash"])
 def test_kernel_backends_refuse_what_reaches_no_kernel(name):
+    _torch()
     backend = load_backend(name)
     q, k, v = _qkv()
     with pytest.raises(NotImplementedError, match="softmax calls no SDPA kernel"):
@@ -195,6 +199,7 @@ def test_kernel_backends_refuse_what_reaches_no_kernel(name):
 def test_kernel_layout_keeps_shapes_and_broadcasting():
     """Inputs of rank 2, 3 and 5 and masks of every rank reach the kernel as 4-D and
     come back in their own shape, equal to the reference."""
+    _torch()
     backend = load_backend("torch-math")
     rng = np.random.default_rng(1)
     for shape_q, shape_k, mask_shape in [((4, 8), (6, 8), (6,)), ((3, 4, 8), (3, 6, 8), (3, 1, 6)),
@@ -212,6 +217,7 @@ def test_kernel_layout_keeps_shapes_and_broadcasting():
 
 
 def test_flex_maps_every_score_mod_and_mask_mod():
+    _torch()
     backend = load_backend("torch-flex")
     rng = np.random.default_rng(2)
     q, k, v = _qkv((2, 4, 5, 8), (2, 2, 7, 8), dv=6)          # grouped-query, Dv != Dk
@@ -227,6 +233,7 @@ def test_flex_maps_every_score_mod_and_mask_mod():
 
 
 def test_flex_backward_on_the_cpu_is_unsupported_with_torchs_reason():
+    _torch()
     backend = load_backend("torch-flex")
     if backend.device.type != "cpu":
         pytest.skip("flex's backward runs on CUDA")

@@ -10,13 +10,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from attention_conformance.expected import load_expected
 
-from _cli_support import ROOT, make_spec
+from _cli_support import make_spec
 
 ENTRIES = """\
 backend: anything
