@@ -165,9 +165,9 @@ def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml"):
     elements = [0, 0]            # inputs and outputs; score matrices
     for variant in case.variants:
         label = f"dims {variant.label}: " if variant.label else ""
-        planned, limit = _planned_elements(case, variant, elements)
+        planned, limit, path = _planned_elements(case, variant, elements)
         if limit:
-            located.append((label + limit, ("inputs",)))
+            located.append((label + limit, path))
             break
         elements[0] += planned
         try:
@@ -175,7 +175,10 @@ def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml"):
         except (ValueError, IndexError, TypeError) as exc:
             problems.append(f"{label}inputs: {exc}")
             continue
-        located += [(label + p, ("inputs", n)) for p, n in _empty_axes(arrays)]
+        empty = _empty_axes(arrays)
+        if empty:
+            located.append((label + empty[0], ("inputs", empty[1])))
+            continue
         found = _check_arrays(case, arrays)
         problems += [label + p for p in found]
         if not found and not located:
@@ -250,8 +253,9 @@ def _check_variants(case) -> list[tuple[str, tuple]]:
     return problems
 
 
-def _planned_elements(case, variant, before) -> tuple[int, str | None]:
-    """(elements of a variant's inputs, or the limit they pass), before any allocation."""
+def _planned_elements(case, variant, before) -> tuple[int, str | None, tuple]:
+    """(elements of a variant's inputs, the limit they pass or None, where), before
+    anything is allocated."""
     total = before[0]
     for name, shape in planned_shapes(case.inputs, variant.dims).items():
         if shape is None:
@@ -259,12 +263,13 @@ def _planned_elements(case, variant, before) -> tuple[int, str | None]:
         size = math.prod(shape)
         if size > MAX_ARRAY_ELEMENTS:
             return 0, (f"input {name!r} of shape {tuple(shape)} has {size:,} elements "
-                       f"(at most {MAX_ARRAY_ELEMENTS:,} in one array)")
+                       f"(at most {MAX_ARRAY_ELEMENTS:,} in one array)"), ("inputs", name)
         total += size
         if total > MAX_CASE_ELEMENTS:
             return 0, (f"the inputs and outputs of the case's variants have more than "
-                       f"{MAX_CASE_ELEMENTS:,} elements in all (at most that per case)")
-    return total - before[0], None
+                       f"{MAX_CASE_ELEMENTS:,} elements in all (at most that per case)"), \
+                ("inputs", name)
+    return total - before[0], None, ()
 
 
 def _computed_elements(case, arrays, before) -> tuple[tuple[int, int], str | None]:
@@ -288,33 +293,13 @@ def _computed_elements(case, arrays, before) -> tuple[tuple[int, int], str | Non
     return (sum(outputs), score_size), None
 
 
-def _empty_axes(arrays) -> list[tuple[str, str]]:
-    return [(f"input {name!r} has shape {array.shape}: every axis needs a length of at "
-             "least 1", name) for name, array in arrays.items() if 0 in array.shape]
-
-
-def _check_policies(case) -> list[str]:
-    """Each policy branch names a choice of that policy (the schema only knows all names)."""
-    problems = []
-    for name, choices in case.expect.get("policy", {}).items():
-        allowed = POLICIES.get(name, ())
-        problems += [f"policy {name} has no choice {choice!r} (its choices: {', '.join(allowed)})"
-                     for choice in choices if choice not in allowed]
-    return problems
-
-
-def _check_arrays(case, arrays) -> list[str]:
-    problems = []
-    for name in ("mask",):
-        if name in arrays and arrays[name].dtype != bool:
-            problems.append("mask must be boolean (true = may attend); use bias for floats")
-    for name, array in arrays.items():
-        if name != "mask" and array.dtype == bool:
-            problems.append(f"input {name!r} is boolean but only mask may be")
-    if problems or _check_names(case):
-        return problems
-    try:
-        output_shapes(case.op, {n: a.shape for n, a in arrays.items()}, case.params)
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        problems.append(f"inconsistent shapes: {exc}")
-    return problems
+def _empty_axes(arrays) -> tuple[str, str] | tuple[()]:
+    """(message, first input) when an input has an axis of length 0, else ()."""
+    empty = {name: array.shape for name, array in arrays.items() if 0 in array.shape}
+    if not empty:
+        return ()
+    names = ", ".join(map(repr, empty))
+    shapes = ", ".join(map(str, empty.values()))
+    return (f"input{'s' if len(empty) > 1 else ''} {names} {'have' if len(empty) > 1 else 'has'}"
+            f" an axis of length 0 (shape{'s' if len(empty) > 1 else ''} {shapes}): every "
+            "axis needs a length of at least 1", next(iter(empty)))
