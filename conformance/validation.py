@@ -303,3 +303,30 @@ def _empty_axes(arrays) -> tuple[str, str] | tuple[()]:
     return (f"input{'s' if len(empty) > 1 else ''} {names} {'have' if len(empty) > 1 else 'has'}"
             f" an axis of length 0 (shape{'s' if len(empty) > 1 else ''} {shapes}): every "
             "axis needs a length of at least 1", next(iter(empty)))
+
+
+def _check_policies(case) -> list[str]:
+    """Each policy branch names a choice of that policy (the schema only knows all names)."""
+    problems = []
+    for name, choices in case.expect.get("policy", {}).items():
+        allowed = POLICIES.get(name, ())
+        problems += [f"policy {name} has no choice {choice!r} (its choices: {', '.join(allowed)})"
+                     for choice in choices if choice not in allowed]
+    return problems
+
+
+def _check_arrays(case, arrays) -> list[str]:
+    problems = []
+    for name in ("mask",):
+        if name in arrays and arrays[name].dtype != bool:
+            problems.append("mask must be boolean (true = may attend); use bias for floats")
+    for name, array in arrays.items():
+        if name != "mask" and array.dtype == bool:
+            problems.append(f"input {name!r} is boolean but only mask may be")
+    if problems or _check_names(case):
+        return problems
+    try:
+        output_shapes(case.op, {n: a.shape for n, a in arrays.items()}, case.params)
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        problems.append(f"inconsistent shapes: {exc}")
+    return problems

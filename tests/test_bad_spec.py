@@ -49,6 +49,52 @@ def policy(case_id, name, choice):
 
 PAYLOAD = "!!python/object/apply:os.system [\"touch {marker}\"]"
 
+MHA = """\
+  - id: {id}
+    description: a multi-head case of the bad-spec tests
+    source: tests/test_bad_spec.py
+    op: multi_head_attention
+    inputs:
+      query: {{normal: {{shape: [3, 4], seed: 1}}}}
+      key: {{normal: {{shape: [5, 4], seed: 2}}}}
+      value: {{normal: {{shape: [5, 4], seed: 3}}}}
+      w_q: {{normal: {{shape: [4, 4], seed: 4}}}}
+      w_k: {{normal: {{shape: [4, 4], seed: 5}}}}
+      w_v: {{normal: {{shape: [4, 4], seed: 6}}}}
+      w_o: {{normal: {{shape: [4, 4], seed: 7}}}}
+    params: {{num_heads: 2}}
+    dtypes: [float64]
+    expect: {{properties: [finite]}}
+"""
+
+
+def mha(case_id, old, new):
+    text = MHA.format(id=case_id)
+    assert old in text, old
+    return text.replace(old, new, 1)
+
+
+def softmax(case_id, params):
+    return (f"  - id: {case_id}\n    description: softmax of the bad-spec tests\n"
+            "    source: tests/test_bad_spec.py\n    op: softmax\n"
+            "    inputs:\n      x: {values: [[1, 2, 3], [4, 5, 6]]}\n"
+            f"    params: {params}\n    dtypes: [float64]\n    expect: {{golden: true}}\n")
+
+
+def expect(case_id, expectation):
+    return case(case_id, "    expect: {properties: [finite]}\n", f"    expect: {expectation}\n")
+
+
+def bomb(levels=9, width=9):
+    """An alias bomb: `width ** levels` strings from a few hundred bytes."""
+    rows = [f"      a0: &a0 [{', '.join(['x'] * width)}]"]
+    rows += [f"      a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "    note:\n" + "\n".join(rows) + "\n"
+
+
+def nested(depth):
+    return "[" * depth + "1.0" + "]" * depth
+
 #: name -> (cases text, text on the line at fault (None: the case's first line), message)
 SCENARIOS = {
     "malformed_yaml": (case("broken", "seed: 2}}", "seed: 2}"),
@@ -94,7 +140,111 @@ SCENARIOS = {
     "python_name_payload": (case("name-payload", "seed: 3}}", "seed: 3}}\n    note: "
                                  "!!python/name:os.system ''"),
                             "note:", "YAML tag !!python/name:os.system is refused"),
+    # limits (docs/writing-cases.md, "Limits")
+    "alias_bomb": (case("alias-bomb", "    dtypes:", bomb() + "    dtypes:"), None,
+                   "the case expands to 435,848,050 YAML nodes with its aliases (a file may "
+                   "hold at most 200,000)"),
+    "recursive_alias": (case("recursive-alias", "    dtypes:", "    note: &r [*r]\n    dtypes:"),
+                        "note: &r", "a recursive alias (a node that contains itself) is refused"),
+    "nesting_depth": (case("too-deep", "v: {normal: {shape: [3, 4], seed: 3}}",
+                           "v: {values: " + nested(40) + "}"),
+                      None, "the case nests 46 levels deep (at most 32)"),
+    "shape_1e18": (case("huge-shape", "shape: [3, 4], seed: 2", "shape: [1000000000, 1000000000], seed: 2"),
+                   "k: {normal", "input 'k' of shape (1000000000, 1000000000) has "
+                                 "1,000,000,000,000,000,000 elements (at most 16,777,216 in one array)"),
+    "dims_1e9": (case("huge-dims", "    inputs:", "    dims: [{L: 1000000000}]\n    inputs:")
+                 .replace("shape: [3, 4], seed: 3", "shape: [L, 4], seed: 3"),
+                 "v: {normal", "dims L1000000000: input 'v' of shape (1000000000, 4) has "
+                               "4,000,000,000 elements (at most 16,777,216 in one array)"),
+    "case_elements": (case("many-variants", "    inputs:",
+                           "    dims: [" + ", ".join(f"{{L: {n}}}" for n in range(1 << 20, (1 << 20) + 20))
+                           + "]\n    inputs:").replace("shape: [3, 4], seed: 3", "shape: [L, 4], seed: 3")
+                      .replace("shape: [3, 4], seed: 2", "shape: [L, 4], seed: 2"),
+                      "k: {normal", "dims L1048578: the inputs and outputs of the case's variants have "
+                                    "more than 16,777,216 elements in all (at most that per case)"),
+    "score_matrix": (case("huge-scores", "shape: [2, 4], seed: 1", "shape: [100000, 4], seed: 1")
+                     .replace("[3, 4], seed: 2", "[100000, 4], seed: 2")
+                     .replace("[3, 4], seed: 3", "[100000, 4], seed: 3"),
+                     "    inputs:", "the score matrix of shape (100000, 100000) has "
+                                   "10,000,000,000 elements (at most 67,108,864)"),
+    "long_integer": (case("long-seed", "seed: 2}", "seed: " + "7" * 5001 + "}"),
+                     "k: {normal", "an integer of 5001 digits is too long (at most 20 digits, "
+                                   "a 64-bit integer)"),
+    "integer_out_of_range": (case("big-seed", "seed: 2}", "seed: 99999999999999999999}"),
+                             "k: {normal", "the integer 99999999999999999999 is out of range "
+                                           "(at most 2**63 - 1 in magnitude)"),
+    # plain YAML only
+    "binary_property_argument": (expect("binary-seed", "{properties: [{permutation_equivariant: "
+                                                       "{seed: !!binary aGVsbG8=}}]}"),
+                                 "!!binary", "YAML tag !!binary is refused: spec files hold plain data"),
+    "date_property_argument": (expect("date-seed", "{properties: [{permutation_equivariant: "
+                                                   "{seed: 2024-01-01}}]}"),
+                               "2024-01-01", "a date or timestamp ('2024-01-01') is refused: "
+                                             "spec files hold plain data; quote it"),
+    "set_tag": (case("a-set", "    dtypes:", "    note: !!set {a, b}\n    dtypes:"),
+                "note: !!set", "YAML tag !!set is refused"),
+    "integer_key": (case("int-key", "    inputs:", "    dims: [{1: 3}]\n    inputs:"),
+                    "dims: [{1: 3}]", "a mapping key must be a string, not '1' (quote it)"),
+    # types and values
+    "num_heads_float": (mha("heads-float", "num_heads: 2}", "num_heads: 2.0}"),
+                        "num_heads: 2.0", "schema: at cases/0/params/num_heads: 2.0 is not an "
+                                          "integer (write 2)"),
+    "window_float": (case("window-float", "    dtypes:", "    params: {window: [2.0, 0]}\n    dtypes:"),
+                     "window: [2.0", "schema: at cases/0/params/window/0: 2.0 is not an integer (write 2)"),
+    "nan_std": (case("nan-std", "seed: 2}", "seed: 2, std: .nan}"),
+                "std: .nan", "inputs/k/normal/std must be a finite number, not nan"),
+    "nan_p": (case("nan-p", "    dtypes:", "      mask: {bernoulli: {shape: [2, 3], seed: 4, "
+                                             "p: .nan}}\n    dtypes:"),
+              "p: .nan", "inputs/mask/bernoulli/p must be a finite number, not nan"),
+    "inf_scale": (case("inf-scale", "    dtypes:", "    params: {scale: .inf}\n    dtypes:"),
+                  "scale: .inf", "params/scale must be a finite number, not inf"),
+    "nan_softcap": (case("nan-softcap", "    dtypes:", "    params: {softcap: .nan}\n    dtypes:"),
+                    "softcap: .nan", "params/softcap must be a finite number, not nan"),
+    "nan_band": (expect("nan-band", "{statistic: [{name: std, expected: 1.0, band: .nan, "
+                                    "why: sampling spread}]}"),
+                 "band: .nan", "expect/statistic/0/band must be a finite number, not nan"),
+    "property_seed_float": (expect("seed-float", "{properties: [{permutation_equivariant: "
+                                                 "{seed: 1.5}}]}"),
+                            None, "property permutation_equivariant argument 'seed' must be an "
+                                  "integer, not 1.5"),
+    "lk_zero_shape": (case("lk-zero", "shape: [3, 4], seed: 2", "shape: [0, 4], seed: 2")
+                      .replace("shape: [3, 4], seed: 3", "shape: [0, 4], seed: 3"),
+                      "k: {normal", "inputs 'k', 'v' have an axis of length 0 (shapes (0, 4), "
+                                    "(0, 4)): every axis needs a length of at least 1"),
+    "lk_zero_dims": (case("lk-zero-dims", "    inputs:", "    dims: [{Lk: 0}]\n    inputs:"),
+                     "dims: [{Lk: 0}]", "schema: at cases/0/dims/0/Lk: 0 is less than the minimum of 1"),
+    "duplicate_variants": (case("twice-l3", "    inputs:", "    dims:\n      - {L: 3}\n"
+                                "      - {L: 3}\n    inputs:")
+                           .replace("shape: [3, 4], seed: 3", "shape: [L, 4], seed: 3")
+                           .replace("shape: [3, 4], seed: 2", "shape: [L, 4], seed: 2"),
+                           "- {L: 3}", "dims L3 is given twice (entries 0 and 1 of dims)"),
+    "colliding_variant_labels": (case("a11-a1-1", "    inputs:", "    dims:\n      - {A: 11}\n"
+                                      "      - {A1: 1}\n    inputs:"),
+                                 "- {A1: 1}", "dims A11 is given twice (entries 0 and 1 of dims)"),
+    "exact_quoted_word": (expect("quoted-nan", "{exact: {\"[0]\": \".nan\"}}"), None,
+                          "exact '[0]': the value '.nan' is not a number or a list of numbers of "
+                          "one shape (write .nan, .inf or -.inf unquoted)"),
+    # already checked before: each keeps a row
+    "exact_index_out_of_range": (expect("exact-index", "{exact: {\"[5]\": 0}}"), None,
+                                 "exact '[5]': the index does not fit output out of shape (2, 4)"),
+    "exact_value_length": (expect("exact-length", "{exact: {\"[0]\": [1, 2, 3]}}"), None,
+                           "exact '[0]': a value of shape (3,) does not fit the selection of "
+                           "shape (4,)"),
+    "statistic_of_no_output": (expect("stat-dv", "{statistic: [{name: std, output: dv, "
+                                                 "expected: 1.0, band: 0.5, why: sampling spread}]}"),
+                               None, "statistic std: sdpa has no output 'dv' (its outputs: out)"),
+    "misspelt_property_argument": (expect("sed", "{properties: [{permutation_equivariant: "
+                                                 "{sed: 1}}]}"),
+                                   None, "property permutation_equivariant takes no argument 'sed' "
+                                         "(it takes: seed)"),
+    "softmax_axis_out_of_range": (softmax("axis-5", "{axis: 5}"), None,
+                                  "inconsistent shapes: axis 5 is out of range for x of 2 dims"),
 }
+
+#: rows whose problem is in one case: the good cases around it still load
+GOOD_AROUND = [name for name in SCENARIOS if name not in (
+    "malformed_yaml", "duplicate_case_id", "python_object_payload", "python_name_payload",
+    "duplicate_key", "duplicate_flow_key")]
 
 
 @pytest.fixture
