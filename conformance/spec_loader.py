@@ -81,7 +81,7 @@ def load_file(path: Path, relative_to: Path | None = None,
     duplicates, refused = [], []
     try:
         if path.stat().st_size > MAX_FILE_BYTES:     # refused before it is read
-            raise SpecError(name, 0, None, f"the file has {path.stat().st_size:,} bytes "
+            raise SpecError(name, 1, None, f"the file has {path.stat().st_size:,} bytes "
                                            f"(at most {MAX_FILE_BYTES:,}: split it)")
         document = parse_yaml(path.read_text(encoding="utf-8"), name, duplicates, refused)
     except SpecError as exc:

@@ -271,7 +271,7 @@ def parse_yaml(text: str, file, duplicates: list | None = None, problems: list |
     """
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_FILE_BYTES:
-        raise SpecError(file, 0, None, f"the file has {size:,} bytes (at most "
+        raise SpecError(file, 1, None, f"the file has {size:,} bytes (at most "
                                        f"{MAX_FILE_BYTES:,}: split it)")
     loader = _Loader(text)
     try:

@@ -6,15 +6,19 @@ exactly one SpecError that names the file, the line of the fault and the case id
 objects are refused before anything runs.
 """
 
+import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from attention_conformance.spec_loader import load_spec
+from attention_conformance.spec_yaml import MAX_FILE_BYTES
+from attention_conformance.validation import ID_PATTERN, TOPIC_PATTERN
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,8 +146,7 @@ SCENARIOS = {
                             "note:", "YAML tag !!python/name:os.system is refused"),
     # limits (docs/writing-cases.md, "Limits")
     "alias_bomb": (case("alias-bomb", "    dtypes:", bomb() + "    dtypes:"), None,
-                   "the case expands to 435,848,050 YAML nodes with its aliases (a file may "
-                   "hold at most 200,000)"),
+                   "YAML nodes with its aliases (a file may hold at most 200,000)"),
     "recursive_alias": (case("recursive-alias", "    dtypes:", "    note: &r [*r]\n    dtypes:"),
                         "note: &r", "a recursive alias (a node that contains itself) is refused"),
     "nesting_depth": (case("too-deep", "v: {normal: {shape: [3, 4], seed: 3}}",
@@ -160,7 +163,7 @@ SCENARIOS = {
                            "    dims: [" + ", ".join(f"{{L: {n}}}" for n in range(1 << 20, (1 << 20) + 20))
                            + "]\n    inputs:").replace("shape: [3, 4], seed: 3", "shape: [L, 4], seed: 3")
                       .replace("shape: [3, 4], seed: 2", "shape: [L, 4], seed: 2"),
-                      "k: {normal", "dims L1048578: the inputs and outputs of the case's variants have "
+                      "v: {normal", "dims L1048577: the inputs and outputs of the case's variants have "
                                     "more than 16,777,216 elements in all (at most that per case)"),
     "score_matrix": (case("huge-scores", "shape: [2, 4], seed: 1", "shape: [100000, 4], seed: 1")
                      .replace("[3, 4], seed: 2", "[100000, 4], seed: 2")
@@ -187,10 +190,10 @@ SCENARIOS = {
                     "dims: [{1: 3}]", "a mapping key must be a string, not '1' (quote it)"),
     # types and values
     "num_heads_float": (mha("heads-float", "num_heads: 2}", "num_heads: 2.0}"),
-                        "num_heads: 2.0", "schema: at cases/0/params/num_heads: 2.0 is not an "
+                        "num_heads: 2.0", "params/num_heads: 2.0 is not an "
                                           "integer (write 2)"),
     "window_float": (case("window-float", "    dtypes:", "    params: {window: [2.0, 0]}\n    dtypes:"),
-                     "window: [2.0", "schema: at cases/0/params/window/0: 2.0 is not an integer (write 2)"),
+                     "window: [2.0", "params/window/0: 2.0 is not an integer (write 2)"),
     "nan_std": (case("nan-std", "seed: 2}", "seed: 2, std: .nan}"),
                 "std: .nan", "inputs/k/normal/std must be a finite number, not nan"),
     "nan_p": (case("nan-p", "    dtypes:", "      mask: {bernoulli: {shape: [2, 3], seed: 4, "
@@ -212,7 +215,7 @@ SCENARIOS = {
                       "k: {normal", "inputs 'k', 'v' have an axis of length 0 (shapes (0, 4), "
                                     "(0, 4)): every axis needs a length of at least 1"),
     "lk_zero_dims": (case("lk-zero-dims", "    inputs:", "    dims: [{Lk: 0}]\n    inputs:"),
-                     "dims: [{Lk: 0}]", "schema: at cases/0/dims/0/Lk: 0 is less than the minimum of 1"),
+                     "dims: [{Lk: 0}]", "dims/0/Lk: 0 is less than the minimum of 1"),
     "duplicate_variants": (case("twice-l3", "    inputs:", "    dims:\n      - {L: 3}\n"
                                 "      - {L: 3}\n    inputs:")
                            .replace("shape: [3, 4], seed: 3", "shape: [L, 4], seed: 3")
@@ -347,3 +350,118 @@ def test_the_plugin_fails_a_bad_case_and_runs_the_good_ones(spec_dir, pytester):
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([f"*spec/cases/mixed.yaml:{line_of(text, 'sdpaa')}: case 'bad-op':"
                                  " schema: at cases/1/op: unknown op 'sdpaa'*"])
+
+
+def bad_line(name, good_before):
+    """The line of a scenario's fault when `good_before` and the header precede it."""
+    cases_text, needle, _ = SCENARIOS[name]
+    rows = cases_text.splitlines()
+    within = [n for n, row in enumerate(rows, 1) if needle in row][-1] if needle else 1
+    return 2 + good_before.count("\n") + within
+
+
+@pytest.mark.parametrize("name", GOOD_AROUND)
+def test_the_good_cases_around_a_bad_one_still_load(spec_dir, name):
+    before, after = case("good-before"), case("good-after")
+    write(spec_dir, name, before + SCENARIOS[name][0] + after)
+    started = time.perf_counter()
+    spec = load_spec(spec_dir / "cases")
+    assert time.perf_counter() - started < 5
+    assert [c.id for c in spec.cases] == ["good-before", "good-after"], spec.errors
+    [error] = spec.errors
+    case_id = SCENARIOS[name][0].split("- id: ")[-1].split("\n")[0]
+    assert (error.file, error.line, error.case_id) == \
+        (f"spec/cases/{name}.yaml", bad_line(name, before), case_id), str(error)
+    assert SCENARIOS[name][2] in error.message, error.message
+
+
+def test_an_alias_bomb_is_refused_in_well_under_a_second(spec_dir):
+    levels, width = 9, 9
+    write(spec_dir, "bomb", case("bomb", "    dtypes:", bomb(levels, width) + "    dtypes:"))
+    started = time.perf_counter()
+    [error] = load_spec(spec_dir / "cases").errors
+    assert time.perf_counter() - started < 0.5
+    innermost = 1 + width                       # a0: a list of `width` strings
+    for _ in range(1, levels):
+        innermost = 1 + width * innermost       # a_i: a list of `width` a_(i-1)
+    count = int(error.message.split(" expands to ")[1].split(" ")[0].replace(",", ""))
+    assert count > innermost > 200_000, error.message
+
+
+def test_the_plugin_fails_each_refused_case_and_runs_the_good_one(spec_dir, pytester):
+    names = ("alias_bomb", "binary_property_argument", "nan_std", "num_heads_float")
+    text = write(spec_dir, "mixed", case("good-one") + "".join(SCENARIOS[n][0] for n in names))
+    result = pytester.runpytest_inprocess(
+        str(spec_dir / "cases"), "--backend", "numpy", "-p", "no:cacheprovider",
+        "--spec-dir", str(spec_dir / "cases"), "-q")
+    result.assert_outcomes(passed=1, failed=len(names))
+    for name in names:
+        cases_text, needle, message = SCENARIOS[name]
+        case_id = cases_text.split("- id: ")[-1].split("\n")[0]
+        offset = text.index(cases_text)
+        line = text[:offset].count("\n") + (bad_line(name, "") - 2)
+        result.stdout.fnmatch_lines([f"*spec/cases/mixed.yaml:{line}: case '{case_id}':*"
+                                     f"{message[:40]}*"])
+
+
+def file_error(spec_dir, name, text):
+    """The one error of a file written as is; a good file beside it still loads."""
+    (spec_dir / "cases" / name).write_text(text)
+    write(spec_dir, "zz_good", case("good-one"))
+    spec = load_spec(spec_dir / "cases")
+    assert [c.id for c in spec.cases] == ["good-one"]
+    [error] = spec.errors
+    return error
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_read(spec_dir):
+    text = f"topic: big\n# {'x' * MAX_FILE_BYTES}\ncases:\n{case('in-a-big-file')}"
+    error = file_error(spec_dir, "big.yaml", text)
+    assert str(error) == (f"spec/cases/big.yaml:1: the file has {len(text):,} bytes "
+                          f"(at most {MAX_FILE_BYTES:,}: split it)")
+
+
+def test_a_bomb_outside_every_case_refuses_the_file(spec_dir):
+    text = "topic: bomb\ndescription:\n" + bomb().replace("    note:\n", "").replace(
+        "      a", "  a") + f"cases:\n{case('fine')}"
+    error = file_error(spec_dir, "bomb.yaml", text)
+    assert error.line == 1 and error.case_id is None
+    assert "the file expands to" in error.message and "(at most 200,000)" in error.message
+
+
+def test_a_topic_with_a_newline_is_refused(spec_dir):
+    text = f'topic: "newline\\n"\ncases:\n{case("fine")}'
+    error = file_error(spec_dir, "newline.yaml", text)
+    assert str(error) == ("spec/cases/newline.yaml:1: schema: at topic: 'newline\\n' does not "
+                          "match '^[a-z0-9][a-z0-9_-]*$'")
+
+
+def test_a_topic_that_is_not_the_file_name_is_refused(spec_dir):
+    error = file_error(spec_dir, "named.yaml", f"topic: other\ncases:\n{case('fine')}")
+    assert str(error) == "spec/cases/named.yaml:1: topic 'other' is not the file's name 'named'"
+
+
+def test_an_id_with_a_newline_is_refused(spec_dir):
+    text = write(spec_dir, "ids", case("good-one") + case('"bad-id\\n"'))
+    spec = load_spec(spec_dir / "cases")
+    assert [c.id for c in spec.cases] == ["good-one"]
+    [error] = spec.errors
+    assert str(error) == (f"spec/cases/ids.yaml:{line_of(text, 'bad-id')}: case 'bad-id\\n': "
+                          "schema: at cases/1/id: 'bad-id\\n' does not match "
+                          "'^[a-z0-9][a-z0-9._-]*$'")
+
+
+def test_the_patterns_of_validation_are_the_schemas():
+    schema = json.loads((ROOT / "spec" / "schema.json").read_text())
+    assert schema["properties"]["topic"]["pattern"] == f"^{TOPIC_PATTERN}$"
+    assert schema["$defs"]["case"]["properties"]["id"]["pattern"] == f"^{ID_PATTERN}$"
+
+
+def test_nan_and_infinities_are_kept_where_they_are_allowed(spec_dir):
+    """Input values, set values and exact values may be NaN or infinite."""
+    write(spec_dir, "words", case("nan-where-allowed", "v: {normal: {shape: [3, 4], seed: 3}}",
+                                  "v: {values: [[.nan, 1, 2, 3], [.inf, 0, 0, 0], [1, 2, 3, 4]], "
+                                  "set: [{at: '[2]', value: -.inf}]}")
+          .replace("{properties: [finite]}", "{exact: {\"[...]\": .nan}}"))
+    spec = load_spec(spec_dir / "cases")
+    assert not spec.errors and [c.id for c in spec.cases] == ["nan-where-allowed"], spec.errors
