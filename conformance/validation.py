@@ -6,8 +6,9 @@ produces, properties and their arguments as the registry defines them. Numbers a
 finite except where a value may be NaN or infinite (input values, `set` values, `exact`
 values); variants have distinct labels; no axis has length 0; and the elements of each
 generated array and of each case (inputs, outputs and score matrices of every variant)
-stay within MAX_ARRAY_ELEMENTS and MAX_CASE_ELEMENTS, checked before anything is
-allocated (docs/writing-cases.md, "Limits").
+stay within MAX_ARRAY_ELEMENTS and MAX_CASE_ELEMENTS (score matrices within theirs, and
+a file's cases within MAX_FILE_ELEMENTS), checked before anything is allocated
+(docs/writing-cases.md, "Plain YAML, and limits").
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ MAX_ARRAY_ELEMENTS = 1 << 24
 MAX_CASE_ELEMENTS = 1 << 24
 MAX_SCORE_ELEMENTS = 1 << 26
 MAX_CASE_SCORE_ELEMENTS = 1 << 27
+#: and of one file's cases together, so that no file makes validation or a run hang
+MAX_FILE_ELEMENTS = 1 << 26
+MAX_FILE_SCORE_ELEMENTS = 1 << 29
 
 #: where a number may be NaN or infinite: paths in a case (* is any key or index,
 #: ** any rest)
@@ -152,10 +156,25 @@ def _check_expect(case, arrays) -> list[str]:
     return problems
 
 
-def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml"):
+def _over_file_budget(elements, budget) -> str | None:
+    if budget is None:
+        return None
+    if budget[0] + elements[0] > MAX_FILE_ELEMENTS:
+        return (f"with this case, the inputs and outputs of the file's cases pass "
+                f"{MAX_FILE_ELEMENTS:,} elements (at most that per file: split the file)")
+    if budget[1] + elements[1] > MAX_FILE_SCORE_ELEMENTS:
+        return (f"with this case, the score matrices of the file's cases pass "
+                f"{MAX_FILE_SCORE_ELEMENTS:,} elements (at most that per file: split the file)")
+    return None
+
+
+def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml", budget=None):
     """Every problem of a case beyond the schema, as SpecErrors.
 
     known_dtypes: the dtypes that have a tolerance in the spec folder's tolerances file.
+    budget: [elements of inputs and outputs, of score matrices] of the valid cases of
+    the file so far (checked against the per-file limits, and added to when the case
+    is valid), or None.
     """
     located = _check_numbers(case) + _check_variants(case)      # (message, path)
     problems = _check_names(case)
@@ -170,6 +189,10 @@ def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml"):
             located.append((label + limit, path))
             break
         elements[0] += planned
+        limit = _over_file_budget(elements, budget)
+        if limit:
+            located.append((limit, ()))
+            break
         try:
             arrays = build_inputs(case.inputs, variant.dims)
         except (ValueError, IndexError, TypeError) as exc:
@@ -187,10 +210,16 @@ def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml"):
                 located.append((label + limit, ("inputs",)))
                 break
             elements = [elements[0] + computed[0], elements[1] + computed[1]]
+            limit = _over_file_budget(elements, budget)
+            if limit:
+                located.append((limit, ()))
+                break
         if not problems and not located:
             problems += _check_expect(case, arrays)
     errors = {(p, case.line): None for p in problems}
     errors.update({(p, _line_at(case, path)): None for p, path in located})
+    if budget is not None and not errors:
+        budget[0], budget[1] = budget[0] + elements[0], budget[1] + elements[1]
     return [SpecError(case.file, line, case.id, p) for p, line in errors]
 
 

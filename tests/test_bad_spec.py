@@ -18,7 +18,8 @@ import yaml
 
 from attention_conformance.spec_loader import load_spec
 from attention_conformance.spec_yaml import MAX_FILE_BYTES
-from attention_conformance.validation import ID_PATTERN, TOPIC_PATTERN
+from attention_conformance.validation import (ID_PATTERN, MAX_CASE_ELEMENTS, MAX_FILE_ELEMENTS,
+                                             TOPIC_PATTERN)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -465,3 +466,22 @@ def test_nan_and_infinities_are_kept_where_they_are_allowed(spec_dir):
           .replace("{properties: [finite]}", "{exact: {\"[...]\": .nan}}"))
     spec = load_spec(spec_dir / "cases")
     assert not spec.errors and [c.id for c in spec.cases] == ["nan-where-allowed"], spec.errors
+
+
+def test_a_file_whose_cases_pass_the_file_limit(spec_dir):
+    """Each case is within the case limits; the one that takes the file past its limit
+    of elements is refused, the cases before it load."""
+    big = (case("x", "{normal: {shape: [2, 4], seed: 1}}", "{full: {shape: [1, 4], value: 1.0}}")
+           .replace("{normal: {shape: [3, 4], seed: 2}}", "{full: {shape: [2097152, 4], value: 0.5}}")
+           .replace("{normal: {shape: [3, 4], seed: 3}}", "{full: {shape: [2097152, 1], value: 2.0}}"))
+    per_case = 2097152 * 4 + 2097152 + 4 + 1            # k, v, q and the output
+    assert per_case <= MAX_CASE_ELEMENTS
+    count = MAX_FILE_ELEMENTS // per_case + 1
+    text = write(spec_dir, "heavy", "".join(big.replace("id: x", f"id: big-{n}") for n in range(count)))
+    spec = load_spec(spec_dir / "cases")
+    assert [c.id for c in spec.cases] == [f"big-{n}" for n in range(count - 1)]
+    [error] = spec.errors
+    assert str(error) == (f"spec/cases/heavy.yaml:{line_of(text, f'id: big-{count - 1}')}: case "
+                          f"'big-{count - 1}': with this case, the inputs and outputs of the "
+                          f"file's cases pass {MAX_FILE_ELEMENTS:,} elements (at most that per "
+                          "file: split the file)")
