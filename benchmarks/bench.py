@@ -429,6 +429,28 @@ class Bench:
                                                    label=f"{name}-xdist"))
         return r
 
+    # -- isolation and the plugin's tax on other projects ------------------------
+    def isolation(self, name):
+        """The backend in its own process against --in-process, on the same spec."""
+        figures = {"isolated": [], "in_process": []}
+        for i in range(self.args.repeat):
+            log(f"{name}: isolation {i + 1}/{self.args.repeat}")
+            for key, extra in (("isolated", ()), ("in_process", ("--in-process",))):
+                run = self.conformance(name, extra=extra, label=f"{name}-{key}")
+                figures[key].append(run["wall"] if "error" not in run else None)
+        iso, inproc = median(figures["isolated"]), median(figures["in_process"])
+        figures["ratio"] = iso / inproc if iso and inproc else None
+        self.results["isolation"] = {name: figures}
+        return figures
+
+    def plugin_tax(self):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from plugin_tax import plugin_tax
+
+        log("plugin tax on an unrelated one-test project")
+        self.results["plugin_tax"] = plugin_tax(runs=max(7, 3 * self.args.repeat))
+        return self.results["plugin_tax"]
+
     # -- reference memory --------------------------------------------------------
     def memory(self):
         a = self.args
@@ -590,6 +612,20 @@ def render(results: dict, args) -> str:
     w("")
     w(f"Measured {results['started']} with `{results['command']}`; every figure is the median"
       f" of {args.repeat} run(s) in fresh subprocesses (min–max in brackets where shown).")
+    w("")
+    w("## Isolation and the plugin's tax")
+    w("")
+    tax = results.get("plugin_tax")
+    if tax:
+        w(f"- plugin tax on an unrelated one-test pytest project (with the plugin, against "
+          f"`-p no:attention_conformance`, median of {tax['runs']} pairs): "
+          f"{tax['tax_ms']:+.0f} ms; target <= {tax['target_ms']:.0f} ms: "
+          f"{'meets' if tax['meets'] else 'misses'}")
+    for name, f in (results.get("isolation") or {}).items():
+        ratio = f.get("ratio")
+        w(f"- {name} quick run with the backend in its own process: "
+          f"{fmt(median(f['isolated']), 1)} s, in-process {fmt(median(f['in_process']), 1)} s: "
+          f"x{fmt(ratio, 2)}; target <= x1.3: {'meets' if ratio and ratio <= 1.3 else 'misses'}")
     w("")
     w("## Machine")
     w("")
@@ -874,6 +910,9 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     try:
+        bench.plugin_tax()
+        if "numpy" in args.backends:
+            bench.isolation("numpy")
         for name in args.backends:
             results["backends"][name] = bench.backend(name)
         if args.long:

@@ -7,7 +7,7 @@ import numpy as np
 
 from .dtypes import dtype_name, numpy_dtype
 from .ops import OPS, output_shapes
-from .outcomes import BackendRaised, CheckFailure, Unsupported
+from .outcomes import BackendCrashed, BackendRaised, CheckFailure, Unsupported
 
 
 def cast_inputs(exact_inputs: dict, dtype: str) -> dict:
@@ -26,7 +26,7 @@ def call_backend(backend, op, arrays, params):
         raise Unsupported(f"backend has no method {op!r}")
     try:
         result = method(*positional, **keywords, **params)
-    except Unsupported:
+    except (Unsupported, BackendRaised, BackendCrashed, CheckFailure):
         raise
     except NotImplementedError as exc:
         raise Unsupported(str(exc) or type(exc).__name__) from None
@@ -47,6 +47,14 @@ def checked_outputs(op, raw, arrays, params, dtype) -> dict:
 
 
 def _validated(name, value, shape, dtype) -> np.ndarray:
+    if isinstance(value, np.ndarray) and type(value) is not np.ndarray or \
+            getattr(value, "subclass", False):
+        kind = getattr(value, "type_name", f"{type(value).__module__}.{type(value).__name__}")
+        raise CheckFailure(f"output {name} is a {kind}, a subclass of numpy.ndarray; return a "
+                           "plain numpy.ndarray (np.asarray(x) in the adapter)")
+    if hasattr(value, "type_name"):         # what crossed from the backend's process
+        raise CheckFailure(f"output {name} is a {value.type_name}, not a NumPy array"
+                           " (convert it back in the adapter)")
     if not isinstance(value, np.ndarray):
         raise CheckFailure(f"output {name} is a {type(value).__module__}.{type(value).__name__},"
                            " not a NumPy array (convert it back in the adapter)")

@@ -168,6 +168,10 @@ def certify_argv(args, passthrough) -> list[str]:
     # rewriting; the plugin asserts nothing, so pytest's warning about it is noise
     argv += ["-W", "ignore:Module already imported so cannot be rewritten"
                    ":pytest.PytestAssertRewriteWarning"]
+    # the spec folder is data: no ini file, conftest.py or cache of pytest's is read
+    # from it or from where certify runs, and nothing is written into it
+    argv += ["-c", os.devnull, "--rootdir", str(_folder(args).root), "--noconftest",
+             "-p", "no:cacheprovider"]
     argv += [str(cases_dir), "--backend", args.backend]
     if args.spec_dir:
         argv += ["--spec-dir", str(cases_dir)]

@@ -108,13 +108,18 @@ def load_expected(path: Path) -> ExpectedFailures:
     return ExpectedFailures(entries)
 
 
+def _module(backend) -> str:
+    """The module of the backend's class (an isolated backend says which, from its process)."""
+    return getattr(backend, "origin_module", None) or type(backend).__module__
+
+
 def expected_for(backend, extra_files=()) -> ExpectedFailures:
     files = [Path(f) for f in extra_files]
     builtin = BUILTIN_DIR / f"{getattr(backend, 'name', '')}.yaml"
     own = getattr(backend, "expected_failures_file", None)
     if own:
         files.insert(0, Path(own))
-    elif builtin.exists() and type(backend).__module__.startswith(backends.__name__ + "."):
+    elif builtin.exists() and _module(backend).startswith(backends.__name__ + "."):
         files.insert(0, builtin)
     merged = ExpectedFailures()
     for path in files:

@@ -19,12 +19,25 @@ class SuiteError(Exception):
     reported as such with the case, never blamed on the backend."""
 
 
+class BackendCrashed(Exception):
+    """The backend's own process died during a call (a signal, or an exit)."""
+
+
 class BackendRaised(Exception):
     """The backend's own code raised (anything but NotImplementedError): the test fails
     with that exception, which is this one's __cause__."""
 
-    def __init__(self, exc: BaseException):
-        super().__init__(f"{type(exc).__name__}: {_text(exc)}")
+    def __init__(self, exc: BaseException | None = None):
+        super().__init__(f"{type(exc).__name__}: {_text(exc)}" if exc is not None else "")
+        self.remote_traceback = ""
+
+    @classmethod
+    def remote(cls, text: str, traceback: str = "") -> "BackendRaised":
+        """What the backend's own process raised, as it described it."""
+        raised = cls()
+        raised.args = (text,)
+        raised.remote_traceback = traceback
+        return raised
 
 
 def _text(exc: BaseException) -> str:

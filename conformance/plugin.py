@@ -26,8 +26,21 @@ def pytest_addoption(parser):
                     help="extra expected-failures file for this backend (repeatable)")
     group.addoption("--case-timeout", type=float, default=120.0,
                     help="seconds before a case is failed as hung (0: no limit)")
+    group.addoption("--in-process", action="store_true", default=False,
+                    help="run the backend in the runner's own process (for debugging: not"
+                    " isolated, so a crash ends the run and the backend can reach the checks)")
+    group.addoption("--restart-every", type=int, default=2000, metavar="N",
+                    help="start a fresh backend process every N calls (0: only after a"
+                    " crash or a timeout)")
     group.addoption("--report", default=None, metavar="DIR",
                     help="write this backend's results (JSON and Markdown) into DIR")
+
+
+def pytest_load_initial_conftests(early_config, parser, args):
+    """A certification imports no conftest.py: a spec folder is data, and a conftest.py
+    planted in it (or above it) must not run."""
+    if getattr(early_config.known_args_namespace, "backend", None):
+        early_config.known_args_namespace.noconftest = True
 
 
 def pytest_configure(config):

@@ -8,6 +8,7 @@ variant or dtype.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 import warnings
@@ -20,13 +21,15 @@ from .expected import expected_for
 from .golden_compute import rounded_inputs
 from .golden_store import GoldenStore
 from .interface import describe
+from .isolation import IsolatedBackend
 from .loading import BackendLoadError, load_backend
-from .outcomes import BackendRaised, CheckFailure, SuiteError, Unsupported
+from .outcomes import BackendCrashed, BackendRaised, CheckFailure, SuiteError, Unsupported
 from .report import summary_lines, write_backend_report
 from .results import ResultLog, record_for
 from .runner import run_case
 from .spec_folder import SpecFolder
 from .spec_loader import SpecError, load_spec
+from .spec_yaml import printable
 from .timeout import CaseTimeout, time_limit
 
 
@@ -35,7 +38,12 @@ class State:
 
     def __init__(self, config):
         self.config = config
-        self.backend = load_backend(config.getoption("backend"))
+        reference = config.getoption("backend")
+        if config.getoption("in_process"):
+            self.backend = load_backend(reference)
+        else:
+            self.backend = IsolatedBackend(reference,
+                                           restart_every=config.getoption("restart_every"))
         self.info = describe(self.backend)
         self.folder = SpecFolder.from_option(config.getoption("spec_dir"))
         self.cases_dir = self.folder.cases_dir
@@ -54,14 +62,15 @@ def _selection(config) -> dict:
 
 
 _STATE = pytest.StashKey["State"]()
+_COLLECTOR = pytest.StashKey["_Collector"]()
 
 
 def start(config):
     """Load the backend and the spec, and register the hooks of a certification run."""
     try:
         config.stash[_STATE] = State(config)
-        config.pluginmanager.register(_Collector(config.stash[_STATE]),
-                                      "attention-conformance-results")
+        config.stash[_COLLECTOR] = _Collector(config.stash[_STATE])
+        config.pluginmanager.register(config.stash[_COLLECTOR], "attention-conformance-results")
     except (BackendLoadError, SpecError, OSError) as exc:
         raise pytest.UsageError(str(exc)) from None
     stray = _errors_outside_case_files(config.stash[_STATE])
@@ -76,6 +85,23 @@ def _errors_outside_case_files(state) -> list:
 
 def _state(config) -> State | None:
     return config.stash.get(_STATE, None)
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """Nothing in the spec folder is collected but its case files: no test module, no
+    other file, no subfolder (with --backend, the plugin also turns conftest.py off)."""
+    state = _state(config)
+    if state is None:
+        return None
+    root, cases = state.folder.root, state.cases_dir
+    path = Path(collection_path).resolve()
+    if path == cases or path in cases.parents:
+        return None
+    if path.parent == cases and path.suffix == ".yaml" and not path.is_symlink():
+        return None
+    if root == path or root in path.parents or cases in path.parents:
+        return True
+    return None
 
 
 def pytest_collect_file(file_path: Path, parent):
@@ -140,16 +166,24 @@ class CaseItem(pytest.Item):
         state = _state(self.config)
         start = time.perf_counter()
         try:
-            with time_limit(self.config.getoption("case_timeout")):
+            with self._time_limit(state.backend):
                 result = run_case(state.backend, self.case, self.variant, self.dtype, state.golden)
         except Unsupported as exc:
             self._record("unsupported", str(exc), start)
             pytest.skip(f"unsupported: {exc}")
-        except (CheckFailure, CaseTimeout) as exc:
+        except BackendCrashed as exc:        # never an expected failure
+            self._record("crash", str(exc), start)
+            raise CheckFailure(str(exc)) from None
+        except CaseTimeout as exc:
+            self._failed(str(exc), start, status="timeout")
+            raise
+        except CheckFailure as exc:
             self._failed(str(exc), start)
             raise
         except BackendRaised as exc:
             message = f"the backend raised {exc}"
+            if exc.remote_traceback:
+                message += "\n" + exc.remote_traceback.rstrip()
             self._failed(message, start)
             raise CheckFailure(message) from exc.__cause__
         except Exception as exc:       # the suite's own code: never blamed on the backend
@@ -159,13 +193,23 @@ class CaseItem(pytest.Item):
             raise SuiteError(message) from exc
         self._record("pass", "", start, result.worst_ratio)
 
-    def _failed(self, message, start):
+    def _time_limit(self, backend):
+        """The case's deadline: kept by the backend's process when isolated (it is killed
+        at the deadline, even inside native code), else a timer in this process."""
+        seconds = self.config.getoption("case_timeout")
+        if not getattr(backend, "isolated", False):
+            return time_limit(seconds)
+        backend.deadline = time.monotonic() + seconds if seconds else None
+        backend.timeout_text = f"the backend did not return within {seconds:g} s (--case-timeout)"
+        return contextlib.nullcontext()
+
+    def _failed(self, message, start, status="fail"):
         """Record a failure; one an expected-failure entry names by its message is xfail."""
         entry = _state(self.config).expected.find_by_message(
             self.test_id, self.case.op, self.dtype, message)
         if entry is not None:
             self.expected_reason = entry.reason
-        self._record("fail", message, start)
+        self._record(status, message, start)
         if entry is not None:
             pytest.xfail(f"{entry.reason} [{message.splitlines()[0][:200]}]")
 
@@ -184,7 +228,7 @@ class CaseItem(pytest.Item):
             shapes = "(inputs could not be built)"
         params = ", ".join(f"{k}={v!r}" for k, v in self.case.params.items()) or "none"
         return (f"  test:   {self.test_id} on backend {state.info['name']!r}, dtype {self.dtype}\n"
-                f"  case:   {self.case.description} ({self.case.where()})\n"
+                f"  case:   {printable(self.case.description)} ({self.case.where()})\n"
                 f"  op:     {self.case.op}; inputs: {shapes}; params: {params}\n")
 
     def repr_failure(self, excinfo):
@@ -245,21 +289,58 @@ def pytest_runtest_makereport(item, call):
 
 class _Collector:
     """Adds each test's record to the results log, in the process that writes reports
-    (under pytest-xdist the records arrive on the reports sent by the workers)."""
+    (under pytest-xdist the records arrive on the reports sent by the workers). Every
+    selected test gets exactly one record: a test that failed without one (a worker
+    crashed, a hook raised) is an error, and one that never ran is counted at the end."""
 
     def __init__(self, state):
         self.state = state
+        self.selected: set[str] = set()
+        self.recorded: set[str] = set()
+
+    def pytest_collection_finish(self, session):
+        self.selected.update(i.nodeid for i in session.items if isinstance(i, CaseItem))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self.selected.update(i for i in ids if "::" in i and "spec-error:" not in i)
 
     def pytest_runtest_logreport(self, report):
         entry = getattr(report, "conformance", None)
-        if entry is not None:
+        if entry is not None and report.nodeid not in self.recorded:
+            self.recorded.add(report.nodeid)
             self.state.log.add(entry)
+        elif report.failed and report.nodeid in self.selected and report.nodeid not in self.recorded:
+            self.recorded.add(report.nodeid)
+            self.state.log.add(_error_record(report))
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        self.state.log.interrupted = True
+
+    def not_run(self) -> list[str]:
+        return sorted(self.selected - self.recorded)
+
+
+def _error_record(report) -> dict:
+    """The record of a test that failed outside the runner (no record of its own)."""
+    path, _, name = report.nodeid.partition("::")
+    topic = Path(path).stem
+    case, _, rest = name.partition("[")
+    label = rest.rstrip("]")
+    variant, _, dtype = label.rpartition("-")
+    text = str(report.longrepr or "")
+    return {"id": f"{topic}/{name}", "topic": topic, "case": case, "variant": variant,
+            "dtype": dtype, "status": "error", "message": text.strip()[-2000:],
+            "seconds": round(getattr(report, "duration", 0.0), 6), "error_over_tolerance": 0.0}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = _state(config)
     if not state or hasattr(config, "workerinput"):  # an xdist worker: the main process reports
         return
+    collector = config.stash.get(_COLLECTOR, None)
+    missing = collector.not_run() if collector else []
+    state.log.not_run = len(missing)
     state.log.finish()
     for line in summary_lines(state.log):
         terminalreporter.write_line(line)
@@ -273,7 +354,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                                          for r in state.log.records):
                 terminalreporter.write_line(f"warning: expected failure {entry.match!r} with message "
                                             f"{entry.message!r} ({entry.where}) matched no failure")
+    if state.log.interrupted or missing:
+        terminalreporter.write_line(
+            f"  INCOMPLETE: {'the run was interrupted; ' if state.log.interrupted else ''}"
+            f"{len(missing)} selected tests never ran (the report says so)")
     directory = config.getoption("report")
     if directory:
         paths = write_backend_report(state.log, Path(directory))
         terminalreporter.write_line("report: " + ", ".join(str(p) for p in paths))
+
+
+def pytest_unconfigure(config):
+    state = _state(config)
+    if state is not None and isinstance(state.backend, IsolatedBackend):
+        state.backend.close()       # the backend's own process, if it has one

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 from .policies import POLICIES, POLICY_MEANING
-from .results import FORMAT, STATUS_LABELS, safe_name
+from .results import FAILING, FORMAT, STATUS_LABELS, STATUSES, safe_name
 
-_COLUMNS = ("pass", "fail", "xfail", "xpass", "unsupported")
+_COLUMNS = STATUSES
 #: rows of the matrix's table of tests that do not pass everywhere
 MAX_TEST_ROWS = 300
 _HEADINGS = tuple(STATUS_LABELS[c] for c in _COLUMNS)
@@ -36,7 +36,8 @@ def summary_lines(log) -> list[str]:
              f"{data.get('profile_cases', data['cases'])} cases of the "
              f"{data.get('selection', {}).get('profile') or 'quick'} profile "
              f"(of {data['cases']}) in spec {data['spec_hash']}"]
-    lines.append("  " + ", ".join(f"{totals.get(c, 0)} {c}" for c in _COLUMNS))
+    shown = [c for c in _COLUMNS if c not in ("timeout", "crash", "error") or totals.get(c)]
+    lines.append("  " + ", ".join(f"{totals.get(c, 0)} {c}" for c in shown))
     worst = data["worst_error_over_tolerance"]
     if worst:
         lines.append("  worst error / tolerance: " +
@@ -65,7 +66,7 @@ def tone(counts: dict) -> str:
     """The colour rule: none, bad, warn or ok (see the module docstring)."""
     if not _run(counts):
         return "none"
-    if counts.get("fail") or counts.get("xpass"):
+    if any(counts.get(s) for s in FAILING):
         return "bad"
     return "warn" if counts.get("xfail") else "ok"
 
@@ -165,7 +166,7 @@ def load_results(directory: Path) -> list[dict]:
 
 
 #: order of the statuses in the list of tests that do not pass, worst first
-SEVERITY = ("fail", "xpass", "xfail", "unsupported")
+SEVERITY = ("crash", "timeout", "error", "fail", "xpass", "xfail", "unsupported")
 
 
 def _first_line(message) -> str:
@@ -197,7 +198,7 @@ def failure_groups(results: list[dict]) -> list[dict]:
 
 def _group_row(g: dict) -> tuple:
     label = STATUS_LABELS.get(g["status"], g["status"])
-    tone_of = {"fail": "bad", "xpass": "bad", "xfail": "warn", "unsupported": "none"}
+    tone_of = {**{s: "bad" for s in FAILING}, "xfail": "warn", "unsupported": "none"}
     return (g["case"], Cell(label, tone_of.get(g["status"], "")), g["backend"], g["topic"],
             f"{g['count']} of {g['of']}", g["reason"], g["first"])
 
@@ -208,7 +209,7 @@ GROUP_HEADER = ("case", "status", "backend", "topic", "tests", "first line of th
 
 def _totals_row(r: dict) -> tuple:
     counts = r["totals"]
-    cells = [Cell(counts.get(c, 0), "bad" if c in ("fail", "xpass") and counts.get(c) else "")
+    cells = [Cell(counts.get(c, 0), "bad" if c in FAILING and counts.get(c) else "")
              for c in _COLUMNS]
     return (r["backend"]["name"], _cell(counts), *cells, r["spec_hash"])
 

@@ -20,8 +20,14 @@ from .spec_folder import default_folder
 
 FORMAT = "attention-conformance-report/1"
 #: how each status is printed in reports
-STATUS_LABELS = {"pass": "pass", "fail": "fail", "xfail": "expected failure",
-                 "xpass": "unexpected pass", "unsupported": "unsupported"}
+STATUS_LABELS = {"pass": "pass", "fail": "fail", "timeout": "timeout", "crash": "crash",
+                 "error": "error", "xfail": "expected failure", "xpass": "unexpected pass",
+                 "unsupported": "unsupported"}
+#: every status a test can end in (those of web-platform-tests' harness, plus expected
+#: failure and unsupported), in the order reports print them
+STATUSES = tuple(STATUS_LABELS)
+#: the statuses that fail a run
+FAILING = ("fail", "timeout", "crash", "error", "xpass")
 
 
 def suite_version() -> str:
@@ -64,6 +70,8 @@ class ResultLog:
     records: list = field(default_factory=list)
     spec_dir: Path | None = None        # the spec/ folder the cases came from
     selection: dict = field(default_factory=dict)
+    interrupted: bool = False           # the run was stopped before its end
+    not_run: int = 0                    # selected tests that never ran
 
     def add(self, entry: dict) -> None:
         self.records.append(entry)
@@ -114,6 +122,8 @@ class ResultLog:
                                             self.selection.get("profile") or "quick")[0],
             "spec_errors": len(getattr(self.spec, "errors", ())),
             "selection": self.selection,
+            "complete": not self.interrupted and not self.not_run,
+            "interrupted": self.interrupted,
             "totals": self.counts().get("all", {}),
             "by_topic": self.counts("topic"),
             "by_dtype": self.counts("dtype"),

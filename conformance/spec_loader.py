@@ -173,6 +173,10 @@ def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
     tolerance_name = _file_name(tolerances, root)
     spec, seen = Spec([], errors), {}
     for path in sorted(cases_dir.glob("*.yaml")):
+        if path.is_symlink() or not path.is_file():
+            spec.errors.append(SpecError(_file_name(path, root), 0, None, "a case file must be a"
+                                         " regular file inside the folder (a link is refused)"))
+            continue
         budget = [0, 0]           # elements of the file's valid cases (validation.py)
         check_case = (lambda case, budget=budget:
                       static_errors(case, known_dtypes, tolerance_name, budget)) \

@@ -36,6 +36,12 @@ MAX_INT = 2 ** 63 - 1               # and its magnitude
 _ID_LINE = re.compile(r"""^\s*(?:-\s+)?id:\s*['"]?([A-Za-z0-9._-]+)""")
 
 
+def printable(text) -> str:
+    """Spec text made safe for a terminal: control characters (an ANSI escape, a
+    carriage return) shown as escapes, newlines and tabs kept."""
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in str(text))
+
+
 class SpecError(Exception):
     """A problem in a spec file, located by file, line and case id."""
 
@@ -46,7 +52,7 @@ class SpecError(Exception):
     def __str__(self):
         where = f"{self.file}:{self.line}" if self.line else self.file
         case = f" case {self.case_id!r}:" if self.case_id else ""
-        return f"{where}:{case} {self.message}"
+        return printable(f"{where}:{case} {self.message}")
 
 
 class LineDict(dict):

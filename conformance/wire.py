@@ -1,0 +1,95 @@
+"""Messages between the runner and a backend's own process: a JSON header, and every
+array as a raw buffer beside it. Nothing is unpickled, so a message from an adapter can
+carry data and nothing else; an array arrives as a base ndarray of a known dtype."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+
+from .dtypes import NUMPY_DTYPES
+
+#: the dtypes an array may have on the wire: the spec's, bool, and integers
+WIRE_DTYPES = {**NUMPY_DTYPES, "bool": np.dtype(bool), "int64": np.dtype(np.int64),
+               "int32": np.dtype(np.int32)}
+_NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
+
+
+class WireError(Exception):
+    """A message that is not what the protocol says."""
+
+
+def _encode(value, buffers: list):
+    if isinstance(value, np.ndarray) and type(value) is np.ndarray:
+        name = _NAMES.get(value.dtype)
+        if name is None:
+            return {"__object__": f"numpy.ndarray of dtype {value.dtype}"}
+        buffers.append(np.ascontiguousarray(value).tobytes())
+        return {"__array__": len(buffers) - 1, "dtype": name, "shape": list(value.shape)}
+    if isinstance(value, np.ndarray):          # a subclass: refused by the runner
+        return {"__object__": f"{type(value).__module__}.{type(value).__name__}",
+                "subclass": True}
+    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+        return {"__tuple__" if isinstance(value, tuple) else "__list__":
+                [_encode(v, buffers) for v in value]}
+    if isinstance(value, dict) and type(value) is dict and all(isinstance(k, str) for k in value):
+        return {"__dict__": {k: _encode(v, buffers) for k, v in value.items()}}
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    return {"__object__": f"{type(value).__module__}.{type(value).__name__}"}
+
+
+class Foreign:
+    """What an adapter returned that is not plain data: only its type's name crosses."""
+
+    def __init__(self, type_name: str, subclass: bool = False):
+        self.type_name, self.subclass = type_name, subclass
+
+    def __repr__(self):
+        return f"<{self.type_name}>"
+
+
+def _decode(value, buffers: list):
+    if isinstance(value, dict):
+        if "__array__" in value:
+            dtype = WIRE_DTYPES.get(value.get("dtype"))
+            index, shape = value["__array__"], value.get("shape")
+            if dtype is None or not isinstance(index, int) or not 0 <= index < len(buffers) \
+                    or not isinstance(shape, list):
+                raise WireError(f"bad array in message: {value!r}"[:200])
+            array = np.frombuffer(buffers[index], dtype=dtype).reshape(shape)
+            return array.copy()
+        if "__tuple__" in value:
+            return tuple(_decode(v, buffers) for v in value["__tuple__"])
+        if "__list__" in value:
+            return [_decode(v, buffers) for v in value["__list__"]]
+        if "__dict__" in value:
+            return {str(k): _decode(v, buffers) for k, v in value["__dict__"].items()}
+        if "__object__" in value:
+            return Foreign(str(value["__object__"]), bool(value.get("subclass")))
+        raise WireError(f"unknown message part: {sorted(value)}")
+    return value
+
+
+def send(conn, message) -> None:
+    buffers: list[bytes] = []
+    header = json.dumps(_encode(message, buffers), allow_nan=True).encode()
+    conn.send_bytes(struct.pack("<I", len(buffers)) + header)
+    for buffer in buffers:
+        conn.send_bytes(buffer)
+
+
+def receive(conn, limit: int = 1 << 31):
+    """The next message (EOFError if the other side is gone)."""
+    first = conn.recv_bytes(limit)
+    if len(first) < 4:
+        raise WireError("truncated message")
+    count = struct.unpack("<I", first[:4])[0]
+    try:
+        header = json.loads(first[4:])
+    except ValueError as exc:
+        raise WireError(f"message header is not JSON: {exc}") from None
+    buffers = [conn.recv_bytes(limit) for _ in range(count)]
+    return _decode(header, buffers)

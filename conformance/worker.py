@@ -1,0 +1,97 @@
+"""A backend in its own process: ``python -m attention_conformance.worker FD REFERENCE``.
+
+The runner (isolation.py) starts it with one end of a socket pair as FD. It loads the
+backend, answers with its declaration, then serves calls until told to stop: each
+request is an op with its arrays and params, each answer the outputs, or what went
+wrong (unsupported, the exception raised, an input written into). Nothing is judged
+here: the runner checks every output in its own process.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+from . import wire
+from .calling import assert_unchanged, snapshot
+from .loading import BackendLoadError, load_backend
+from .ops import OPS
+from .outcomes import CheckFailure
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__}: <its __str__ raised>"
+
+
+def declaration(backend) -> dict:
+    def plain(value, kind):
+        try:
+            return kind(value)
+        except Exception:
+            return kind()
+    return {
+        "name": str(getattr(backend, "name", "")),
+        "dtypes": sorted(str(d) for d in plain(getattr(backend, "dtypes", ()), list)),
+        "policy": {str(k): str(v) for k, v in plain(getattr(backend, "policy", {}), dict).items()},
+        "versions": {str(k): str(v) for k, v in plain(getattr(backend, "versions", {}), dict).items()},
+        "paths": {str(k): str(v) for k, v in plain(getattr(backend, "paths", {}), dict).items()},
+        "module": type(backend).__module__,
+        "expected_failures_file": str(getattr(backend, "expected_failures_file", "") or ""),
+        "ops": [op for op in OPS if callable(getattr(backend, op, None))],
+    }
+
+
+def serve_one(backend, request: dict):
+    op, arrays, params = request["op"], request["arrays"], request["params"]
+    method = getattr(backend, op, None)
+    if method is None:
+        return {"unsupported": f"backend has no method {op!r}"}
+    positional = [arrays[name] for name in OPS[op].positional]
+    keywords = {n: a for n, a in arrays.items() if n not in OPS[op].positional}
+    before = snapshot(arrays)
+    try:
+        result = method(*positional, **keywords, **params)
+    except NotImplementedError as exc:
+        return {"unsupported": str(exc) or type(exc).__name__}
+    except BaseException as exc:          # SystemExit or KeyboardInterrupt included
+        return {"raised": _text(exc), "traceback": "".join(
+            traceback.format_exception(exc, limit=-4))[-4000:]}
+    try:
+        assert_unchanged(before, arrays)
+    except CheckFailure as exc:
+        return {"wrote_input": str(exc)}
+    return {"outputs": result}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    conn = Connection(int(argv[0]))
+    try:
+        backend = load_backend(argv[1])
+    except BackendLoadError as exc:
+        wire.send(conn, {"load_error": str(exc)})
+        return 2
+    except BaseException as exc:
+        wire.send(conn, {"load_error": f"backend {argv[1]!r} failed to load: {_text(exc)}"})
+        return 2
+    wire.send(conn, {"declared": declaration(backend)})
+    while True:
+        try:
+            request = wire.receive(conn)
+        except EOFError:
+            return 0
+        if request.get("stop"):
+            return 0
+        answer = serve_one(backend, request)
+        try:
+            wire.send(conn, answer)
+        except Exception as exc:           # outputs that cannot be sent at all
+            wire.send(conn, {"raised": f"the outputs could not be sent: {_text(exc)}"})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The spec cache is really used: a second load reads every file back from it, without
+parsing or validating anything, and what it reads equals a fresh validation field by field.
+
+(tests/test_spec_cache.py proves that the cache never serves a stale or a bad file; these
+tests prove that it serves at all: with spec_cache.read returning None, they fail.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+
+from attention_conformance import spec_cache, spec_loader
+from attention_conformance.case import Case
+from attention_conformance.spec_folder import default_folder
+from attention_conformance.spec_loader import load_spec
+
+from test_spec_cache import GOOD, cases_dir
+
+SPEC_CASES = default_folder().cases_dir
+#: topics of the real spec copied for these tests: inline values, NaN and inf, policies
+TOPICS = ("worked_examples", "policies", "score_functions")
+
+#: every field of a Case that a run reads (raw is kept for the cache itself)
+FIELDS = [f.name for f in dataclasses.fields(Case) if f.name != "raw"]
+
+
+@pytest.fixture
+def spec_cases(tmp_path):
+    """A folder of a few of the spec's own case files (the whole spec takes seconds)."""
+    folder = tmp_path / "copy" / "cases"
+    folder.mkdir(parents=True)
+    for topic in TOPICS:
+        shutil.copy(SPEC_CASES / f"{topic}.yaml", folder)
+    return folder
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("ATTENTION_CONFORMANCE_CACHE", str(folder))
+    return folder
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of the loader's steps: files parsed, cases validated, cache reads and hits."""
+    counts = {"load_file": 0, "static_errors": 0, "read": 0, "hits": 0}
+    real = {name: getattr(spec_loader, name) for name in ("load_file", "static_errors")}
+    real_read = spec_cache.read
+
+    def counting(name):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return real[name](*args, **kwargs)
+        return wrapper
+
+    def read(key):
+        counts["read"] += 1
+        found = real_read(key)
+        counts["hits"] += found is not None
+        return found
+
+    for name in real:
+        monkeypatch.setattr(spec_loader, name, counting(name))
+    monkeypatch.setattr(spec_cache, "read", read)
+    return counts
+
+
+def same_case(a: Case, b: Case) -> list[str]:
+    """The fields in which two cases differ (repr compares NaN with NaN)."""
+    return [name for name in FIELDS if repr(getattr(a, name)) != repr(getattr(b, name))]
+
+
+def test_a_second_load_validates_nothing(cache, counted, spec_cases):
+    files = len(TOPICS)
+    first = load_spec(spec_cases, cache=True)
+    assert not first.errors
+    assert counted["load_file"] == files and counted["static_errors"] == len(first.cases)
+    assert counted["hits"] == 0, "an empty cache cannot hit"
+    assert len(list(cache.glob("*.json"))) == files, "every clean file is stored"
+    for key in counted:
+        counted[key] = 0
+    again = load_spec(spec_cases, cache=True)
+    assert counted["read"] == files and counted["hits"] == files, counted
+    assert counted["load_file"] == 0 and counted["static_errors"] == 0, \
+        f"a cached spec was parsed or validated again: {counted}"
+    assert len(again.cases) == len(first.cases) and not again.errors
+
+
+def test_the_cached_spec_equals_a_fresh_validation(cache, counted, spec_cases):
+    load_spec(spec_cases, cache=True)                 # fills the cache
+    cached = load_spec(spec_cases, cache=True)        # served by it
+    assert counted["hits"] == len(TOPICS)
+    fresh = load_spec(spec_cases)                     # no cache at all: validates in full
+    assert fresh.cases and [c.id for c in cached.cases] == [c.id for c in fresh.cases]
+    differing = {c.id: same_case(c, f) for c, f in zip(cached.cases, fresh.cases)
+                 if same_case(c, f)}
+    assert not differing, f"cached cases differ from validated ones in: {differing}"
+
+
+def test_a_hit_keeps_nan_lines_and_topic(cache, counted, tmp_path):
+    folder = cases_dir(tmp_path, GOOD)
+    fresh = load_spec(folder).cases
+    counted["static_errors"] = 0
+    load_spec(folder, cache=True)
+    [cached] = load_spec(folder, cache=True).cases
+    assert counted["hits"] == 1 and counted["static_errors"] == 1   # the first load only
+    assert not same_case(cached, fresh[0]), same_case(cached, fresh[0])
+    value = cached.inputs["x"]["set"][0]["value"]
+    assert value != value, "NaN came back as something else"
+    assert (cached.topic, cached.line, cached.file) == (fresh[0].topic, fresh[0].line,
+                                                         fresh[0].file)
+
+
+def test_validate_never_reads_the_cache(cache, counted, spec_cases):
+    load_spec(spec_cases, cache=True)
+    counted["read"] = 0
+    load_spec(spec_cases)                 # what `attention-conformance validate` does
+    assert counted["read"] == 0 and counted["static_errors"] > 0
