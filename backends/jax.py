@@ -42,6 +42,7 @@ Known differences of the native op from the specification (jax 0.10.2, CPU):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from functools import partial
 
@@ -162,7 +163,7 @@ class _Layout:
 # --------------------------------------------------------------- cores (B, T, N, H)
 
 
-def _native_core(q, k, v, mask, bias, *, causal, scale, window):
+def _native_core(q, k, v, mask, bias, *, causal, scale, window, implementation="xla"):
     """(B, T, N, Dv) from the native op; mask/bias are (B, 1 or N, T, S) or None."""
     is_causal, size, extra = _native_flags(q.shape[1], k.shape[1], causal, window)
     if extra is not None:
@@ -173,7 +174,7 @@ def _native_core(q, k, v, mask, bias, *, causal, scale, window):
     q, k, v = (_pad_last(x, width) for x in (q, k, v))
     out = jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
-        local_window_size=size, implementation="xla")
+        local_window_size=size, implementation=implementation)
     return out[..., :dv]
 
 
@@ -200,11 +201,12 @@ def _composed_core(q, k, v, mask, bias, **params):
     return jnp.einsum("bnts,bsnh->btnh", p, v).astype(q.dtype)
 
 
-def _sdpa_fn(q, k, v, mask, bias, *, causal, scale, softcap, window):
+def _sdpa_fn(q, k, v, mask, bias, *, causal, scale, softcap, window, implementation="xla"):
     lay = _Layout(q, k, v, mask, bias)
     args = (lay.q, lay.k, lay.v, lay.mask, lay.bias)
     if softcap is None:
-        out = _native_core(*args, causal=causal, scale=scale, window=window)
+        out = _native_core(*args, causal=causal, scale=scale, window=window,
+                           implementation=implementation)
     else:
         out = _composed_core(*args, causal=causal, scale=scale, softcap=softcap,
                              window=window)
@@ -221,21 +223,22 @@ def _sdpa_fn(q, k, v, mask, bias, *, causal, scale, softcap, window):
 # message (backends/expected_failures/jax.yaml), not strict: a platform whose lowering
 # accepts F16_F16_F32 (GPUs, by the error text; not run here) passes them.
 
-_STATIC = ("causal", "scale", "softcap", "window")
+_STATIC = ("causal", "scale", "softcap", "window", "implementation")
 
 _sdpa = jax.jit(_sdpa_fn, static_argnames=_STATIC)
 
 
 @partial(jax.jit, static_argnames=_STATIC)
-def _sdpa_vjp(q, k, v, d_out, mask, bias, *, causal, scale, softcap, window):
-    params = dict(causal=causal, scale=scale, softcap=softcap, window=window)
+def _sdpa_vjp(q, k, v, d_out, mask, bias, *, causal, scale, softcap, window, implementation):
+    params = dict(causal=causal, scale=scale, softcap=softcap, window=window,
+                  implementation=implementation)
     out, pullback = jax.vjp(lambda q, k, v: _sdpa_fn(q, k, v, mask, bias, **params),
                             q, k, v)
     return pullback(d_out.astype(out.dtype))
 
 
 @partial(jax.jit, static_argnames=_STATIC)
-def _weights(q, k, mask, bias, *, causal, scale, softcap, window):
+def _weights(q, k, mask, bias, *, causal, scale, softcap, window, implementation):
     lay = _Layout(q, k, k[..., :1], mask, bias)
     p = _composed_weights(lay.q, lay.k, lay.mask, lay.bias, causal=causal, scale=scale,
                           softcap=softcap, window=window)
@@ -264,16 +267,16 @@ def _scores(q, k, w, u, v, *, kind, scale):
     return s.astype(dtype)
 
 
-@partial(jax.jit, static_argnames=("causal",))
-def _self_attention(x, w_q, w_k, w_v, mask, *, causal):
+@partial(jax.jit, static_argnames=("causal", "implementation"))
+def _self_attention(x, w_q, w_k, w_v, mask, *, causal, implementation):
     scale = 1.0 / math.sqrt(w_k.shape[1])
     return _sdpa_fn(x @ w_q, x @ w_k, x @ w_v, mask, None, causal=causal, scale=scale,
-                    softcap=None, window=None)
+                    softcap=None, window=None, implementation=implementation)
 
 
-@partial(jax.jit, static_argnames=("num_heads", "num_kv_heads", "causal"))
+@partial(jax.jit, static_argnames=("num_heads", "num_kv_heads", "causal", "implementation"))
 def _mha(query, key, value, w_q, w_k, w_v, w_o, mask, *, num_heads, num_kv_heads,
-         causal):
+         causal, implementation):
     mask_batch = () if mask is None else mask.shape[:-3]
     batch = np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2],
                                 mask_batch)
@@ -292,7 +295,7 @@ def _mha(query, key, value, w_q, w_k, w_v, w_o, mask, *, num_heads, num_kv_heads
         h = 1 if mask.shape[-3] == 1 else num_heads
         mask = jnp.broadcast_to(mask, batch + (h, lq, lk)).reshape((b, h, lq, lk))
     out = _native_core(q, k, v, mask, None, causal=causal, window=None,
-                       scale=1.0 / math.sqrt(q.shape[-1]))
+                       scale=1.0 / math.sqrt(q.shape[-1]), implementation=implementation)
     return out.reshape(batch + (lq, -1)) @ w_o
 
 
@@ -330,19 +333,47 @@ def _result(x):
     return np.array(x, copy=True)
 
 
-def _sdpa_params(q, causal, scale, softcap, window):
+def _sdpa_params(q, causal, scale, softcap, window, implementation):
     _check_dtype(q)
     _check_causal(causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     softcap = None if softcap is None else float(softcap)
-    return dict(causal=causal, scale=scale, softcap=softcap, window=_window(window))
+    return dict(causal=causal, scale=scale, softcap=softcap, window=_window(window),
+                implementation=implementation)
 
 
 # ----------------------------------------------------------------------- backend
 
 
+def _device(name, device, gpu_only=False):
+    """The JAX device a backend runs on; a device this machine lacks is refused here,
+    at construction (so at load), never silently replaced by the CPU."""
+    if device is None:
+        device = "gpu" if gpu_only else "cpu"
+    platform, _, index = str(device).partition(":")
+    if platform not in ("cpu", "gpu") or (index and not index.isdigit()):
+        raise ValueError(f"{name}: unknown device {device!r}; jax backends take cpu, gpu "
+                         "or gpu:N")
+    if gpu_only and platform == "cpu":
+        raise RuntimeError(f"{name} is cuDNN's attention, a GPU kernel: it cannot run on "
+                           f"device {device!r}")
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{name} needs a GPU ({device!r}); jax.devices('gpu') finds "
+                           f"none: {exc}") from None
+    if int(index or 0) >= len(devices):
+        raise RuntimeError(f"{name}: no device {device!r}; JAX sees {len(devices)} "
+                           f"{platform} device(s)")
+    return devices[int(index or 0)]
+
+
 class JaxBackend:
-    """The attention interface on JAX (see the module docstring for each op's path)."""
+    """The attention interface on JAX (see the module docstring for each op's path).
+
+    ``device``: ``"cpu"`` (the default), ``"gpu"`` or ``"gpu:N"``; every op runs under
+    ``jax.default_device`` of it. ``implementation`` is what the native op is asked for.
+    """
 
     name = "jax"
     dtypes = DTYPES
@@ -372,70 +403,164 @@ class JaxBackend:
         "sdpa_vjp": "native: jax.vjp of the sdpa path",
     }
 
-    def __init__(self):
+    implementation = "xla"
+    gpu_only = False
+
+    def __init__(self, device=None):
         # Without x64, JAX silently demotes float64 inputs to float32.
         jax.config.update("jax_enable_x64", True)
         import jaxlib
-        self.versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+        self.device = _device(self.name, device, self.gpu_only)
+        self.versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
+                         "device": f"{self.device.platform}:{self.device.id} "
+                                   f"({self.device.device_kind})"}
+
+    def _running(self):
+        """The context every op runs in: JAX's arrays and programs on the device."""
+        return jax.default_device(self.device)
 
     def softmax(self, x, axis=-1):
-        (x,) = _arrays(x)
-        _check_dtype(x)
-        return _result(_softmax(x, axis=int(axis)))
+        with self._running():
+            (x,) = _arrays(x)
+            _check_dtype(x)
+            return _result(_softmax(x, axis=int(axis)))
 
     def scores(self, q, k, *, kind, scale=None, w=None, u=None, v=None):
-        q, k, w, u, v = _arrays(q, k, w, u, v)
-        _check_dtype(q)
-        needed = {"dot": (), "scaled_dot": (), "bilinear": ("w",),
-                  "additive": ("w", "u", "v")}
-        if kind not in needed:
-            raise ValueError(f"unknown score kind {kind!r}")
-        given = {"w": w, "u": u, "v": v}
-        missing = [n for n in needed[kind] if given[n] is None]
-        if missing:
-            raise ValueError(f"score kind {kind!r} needs {', '.join(missing)}")
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        return _result(_scores(q, k, w, u, v, kind=kind, scale=scale))
+        with self._running():
+            q, k, w, u, v = _arrays(q, k, w, u, v)
+            _check_dtype(q)
+            needed = {"dot": (), "scaled_dot": (), "bilinear": ("w",),
+                      "additive": ("w", "u", "v")}
+            if kind not in needed:
+                raise ValueError(f"unknown score kind {kind!r}")
+            given = {"w": w, "u": u, "v": v}
+            missing = [n for n in needed[kind] if given[n] is None]
+            if missing:
+                raise ValueError(f"score kind {kind!r} needs {', '.join(missing)}")
+            scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+            return _result(_scores(q, k, w, u, v, kind=kind, scale=scale))
 
     def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
                           softcap=None, window=None):
-        q, k, bias = _arrays(q, k, bias)
-        params = _sdpa_params(q, causal, scale, softcap, window)
-        return _result(_weights(q, k, _mask(mask), bias, **params))
+        with self._running():
+            q, k, bias = _arrays(q, k, bias)
+            params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
+            return _result(_weights(q, k, _mask(mask), bias, **params))
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
              softcap=None, window=None):
-        q, k, v, bias = _arrays(q, k, v, bias)
-        params = _sdpa_params(q, causal, scale, softcap, window)
-        return _result(_sdpa(q, k, v, _mask(mask), bias, **params))
+        with self._running():
+            q, k, v, bias = _arrays(q, k, v, bias)
+            params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
+            return _result(_sdpa(q, k, v, _mask(mask), bias, **params))
 
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
                  softcap=None, window=None):
-        q, k, v, d_out, bias = _arrays(q, k, v, d_out, bias)
-        params = _sdpa_params(q, causal, scale, softcap, window)
-        grads = _sdpa_vjp(q, k, v, d_out, _mask(mask), bias, **params)
-        return tuple(_result(g) for g in grads)
+        with self._running():
+            q, k, v, d_out, bias = _arrays(q, k, v, d_out, bias)
+            params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
+            grads = _sdpa_vjp(q, k, v, d_out, _mask(mask), bias, **params)
+            return tuple(_result(g) for g in grads)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
-        x, w_q, w_k, w_v = _arrays(x, w_q, w_k, w_v)
-        _check_dtype(x)
-        _check_causal(causal)
-        return _result(_self_attention(x, w_q, w_k, w_v, _mask(mask), causal=causal))
+        with self._running():
+            x, w_q, w_k, w_v = _arrays(x, w_q, w_k, w_v)
+            _check_dtype(x)
+            _check_causal(causal)
+            return _result(_self_attention(x, w_q, w_k, w_v, _mask(mask), causal=causal,
+                                           implementation=self.implementation))
 
     def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
                              num_kv_heads=None, mask=None, causal=None):
-        query, key, value, w_q, w_k, w_v, w_o = _arrays(
-            query, key, value, w_q, w_k, w_v, w_o)
-        _check_dtype(query)
-        _check_causal(causal)
-        num_heads = int(num_heads)
-        num_kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
-        if num_heads % num_kv_heads:
-            raise ValueError(f"{num_heads} heads cannot share {num_kv_heads} kv heads")
-        for w, n, what in ((w_q, num_heads, "w_q"), (w_k, num_kv_heads, "w_k"),
-                           (w_v, num_kv_heads, "w_v")):
-            if w.shape[1] % n:
-                raise ValueError(f"{what} width {w.shape[1]} is not a multiple of {n}")
-        return _result(_mha(query, key, value, w_q, w_k, w_v, w_o, _mask(mask),
-                            num_heads=num_heads, num_kv_heads=num_kv_heads,
-                            causal=causal))
+        with self._running():
+            query, key, value, w_q, w_k, w_v, w_o = _arrays(
+                query, key, value, w_q, w_k, w_v, w_o)
+            _check_dtype(query)
+            _check_causal(causal)
+            num_heads = int(num_heads)
+            num_kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
+            if num_heads % num_kv_heads:
+                raise ValueError(f"{num_heads} heads cannot share {num_kv_heads} kv heads")
+            for w, n, what in ((w_q, num_heads, "w_q"), (w_k, num_kv_heads, "w_k"),
+                               (w_v, num_kv_heads, "w_v")):
+                if w.shape[1] % n:
+                    raise ValueError(f"{what} width {w.shape[1]} is not a multiple of {n}")
+            return _result(_mha(query, key, value, w_q, w_k, w_v, w_o, _mask(mask),
+                                num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                causal=causal, implementation=self.implementation))
+
+
+# ------------------------------------------------------------------- jax-cudnn
+
+
+def _from_cudnn(exc) -> bool:
+    """Was exc raised by the cuDNN implementation's own checks (jax/_src/cudnn/...)?"""
+    tb = exc.__traceback__
+    while tb is not None:
+        if "cudnn" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return "cuDNN" in str(exc)
+
+
+class JaxCudnnBackend(JaxBackend):
+    """``jax.nn.dot_product_attention(implementation="cudnn")``: cuDNN's fused attention,
+    on a GPU only (the default device is ``gpu``; there is no CPU cuDNN).
+
+    The ops that reach the native op (sdpa, sdpa_vjp, self_attention,
+    multi_head_attention) ask it for ``implementation="cudnn"``; what cuDNN refuses
+    (dtypes other than float16/bfloat16, head sizes, masks, windows...) raises
+    ``NotImplementedError`` with cuDNN's reason, so those tests are unsupported, never
+    run by XLA instead. The composed ops (softmax, scores, attention_weights, softcap)
+    call no cuDNN and are the jax backend's to certify: unsupported here too.
+    """
+
+    name = "jax-cudnn"
+    implementation = "cudnn"
+    gpu_only = True
+    paths = {
+        "softmax": "not run: calls no cuDNN kernel (the jax backend certifies it)",
+        "scores": "not run: calls no cuDNN kernel (the jax backend certifies it)",
+        "attention_weights": "not run: composed in JAX, calls no cuDNN kernel",
+        "sdpa": "native: jax.nn.dot_product_attention(implementation='cudnn'); "
+                "softcap not run (no such parameter)",
+        "self_attention": "native: x @ w projections, then "
+                          "jax.nn.dot_product_attention(implementation='cudnn')",
+        "multi_head_attention": "native: composed projections/heads/w_o around "
+                                "jax.nn.dot_product_attention(implementation='cudnn')",
+        "sdpa_vjp": "native: jax.vjp of the sdpa path (cuDNN's backward)",
+    }
+
+    @contextlib.contextmanager
+    def _running(self):
+        try:
+            with super()._running():
+                yield
+        except (ValueError, NotImplementedError, RuntimeError) as exc:
+            if not _from_cudnn(exc):
+                raise
+            raise NotImplementedError(f"jax-cudnn: cuDNN refused this input: "
+                                      f"{type(exc).__name__}: {exc}") from None
+
+    def _composed(self, op):
+        raise NotImplementedError(f"jax-cudnn: {op} calls no cuDNN kernel (composed in JAX; "
+                                  "certified by the jax backend)")
+
+    def softmax(self, x, axis=-1):
+        self._composed("softmax")
+
+    def scores(self, q, k, **params):
+        self._composed("scores")
+
+    def attention_weights(self, q, k, **params):
+        self._composed("attention_weights")
+
+    def sdpa(self, q, k, v, *, softcap=None, **params):
+        if softcap is not None:
+            self._composed("softcap")
+        return super().sdpa(q, k, v, **params)
+
+    def sdpa_vjp(self, q, k, v, d_out, *, softcap=None, **params):
+        if softcap is not None:
+            self._composed("softcap")
+        return super().sdpa_vjp(q, k, v, d_out, **params)

@@ -1,7 +1,9 @@
 """PyTorch backend: a thin adapter from the attention interface to PyTorch's own ops.
 
-NumPy arrays are copied into torch tensors (CPU), the framework's public op is called,
-and the result is copied back into a fresh NumPy array of the input dtype.
+NumPy arrays are copied into torch tensors on the backend's device (``device=None`` or
+``"cpu"``: the CPU; ``"cuda"``, ``"cuda:N"``: a CUDA device, refused at construction when
+there is none), the framework's public op is called, and the result is copied back into a
+fresh NumPy array of the input dtype.
 
 Path of each op (also in ``TorchBackend.paths``):
 
@@ -37,6 +39,7 @@ a NaN in a hidden value); every other path, and any explicit mask, propagates it
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -64,17 +67,20 @@ def _dtype_name(a) -> str:
 
 
 def _to_torch(a, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A fresh tensor holding a copy of NumPy array ``a`` (bfloat16 via its bits)."""
+    """A fresh tensor holding a copy of NumPy array ``a`` (bfloat16 via its bits), on the
+    default device (the backend's own while an op runs: ``TorchBackend._running``)."""
     a = np.array(a, order="C", copy=True)
     if a.dtype == ml_dtypes.bfloat16:
         t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     else:
         t = torch.from_numpy(a)
-    return t if dtype is None else t.to(dtype)
+    return t.to(device=torch.get_default_device(), dtype=dtype)
 
 
 def _mask_to_torch(mask) -> torch.Tensor | None:
-    return None if mask is None else torch.from_numpy(np.array(mask, dtype=bool, order="C"))
+    if mask is None:
+        return None
+    return torch.from_numpy(np.array(mask, dtype=bool, order="C")).to(torch.get_default_device())
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -198,8 +204,41 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- the backend
 
 
+def _device(name: str, device, cuda_only: bool = False) -> torch.device:
+    """The torch device a backend runs on; a device this machine lacks is refused here,
+    at construction (so at load), never silently replaced by the CPU."""
+    if device is None:
+        device = "cuda" if cuda_only else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: unknown device {device!r}; torch backends take "
+                         "cpu, cuda or cuda:N")
+    if dev.type == "cpu":
+        if cuda_only:
+            raise RuntimeError(f"{name} is a CUDA kernel (torch has no CPU implementation "
+                               f"of it): it cannot run on device {device!r}")
+        return dev
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{name} needs a CUDA device ({device!r}); "
+                           "torch.cuda.is_available() is False")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= count:
+        raise RuntimeError(f"{name}: no device {device!r}; torch sees {count} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def _device_label(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return f"{dev} ({torch.cuda.get_device_name(dev)})"
+    return str(dev)
+
+
 class TorchBackend:
-    """The attention interface on PyTorch (CPU)."""
+    """The attention interface on PyTorch (CPU by default; ``device="cuda"``, ``"cuda:N"``)."""
 
     name = "torch"
     dtypes = frozenset(_TORCH_DTYPES)
@@ -225,11 +264,28 @@ class TorchBackend:
         "sdpa_vjp": "native: torch.autograd.grad through the sdpa path",
     }
 
-    def __init__(self):
+    #: True for kernels that exist only on CUDA (their default device is then cuda)
+    cuda_only = False
+
+    def __init__(self, device=None):
         # per-instance copies, so that one instance's edits never leak into another
         self.versions = dict(self.versions)
         self.policy = dict(self.policy)
         self.paths = dict(self.paths)
+        self.device = _device(self.name, device, self.cuda_only)
+        self.versions["device"] = _device_label(self.device)
+
+    #: the sdpa path on tensors (a subclass may adapt the layout around it)
+    _attend = staticmethod(_attend)
+
+    @contextlib.contextmanager
+    def _running(self):
+        """The context every op runs in: tensors are made on the backend's device."""
+        if self.device.type == "cpu":   # torch's own default: no device mode to pay for
+            yield
+        else:
+            with self.device:
+                yield
 
     # ------------------------------------------------------------ helpers
 
@@ -248,73 +304,82 @@ class TorchBackend:
     # ------------------------------------------------------------ operations
 
     def softmax(self, x, axis=-1):
-        return _to_numpy(torch.softmax(_to_torch(x, self._dtype(x)), dim=axis))
+        with self._running():
+            return _to_numpy(torch.softmax(_to_torch(x, self._dtype(x)), dim=axis))
 
     def scores(self, q, k, *, kind, scale=None, w=None, u=None, v=None):
-        dt = self._dtype(q)
-        tq, tk = _to_torch(q, dt), _to_torch(k, dt)
-        if kind == "dot":
-            s = torch.matmul(tq, tk.transpose(-1, -2))
-        elif kind == "scaled_dot":
-            scale = 1.0 / math.sqrt(tk.shape[-1]) if scale is None else float(scale)
-            s = torch.matmul(tq, tk.transpose(-1, -2)) * scale
-        elif kind == "bilinear":
-            s = torch.matmul(torch.matmul(tq, _to_torch(w, dt)), tk.transpose(-1, -2))
-        elif kind == "additive":
-            kw = torch.matmul(tk, _to_torch(w, dt))            # (*, Lk, Da)
-            qu = torch.matmul(tq, _to_torch(u, dt))            # (*, Lq, Da)
-            hidden = torch.tanh(kw.unsqueeze(-3) + qu.unsqueeze(-2))  # (*, Lq, Lk, Da)
-            s = torch.matmul(hidden, _to_torch(v, dt))
-        else:
-            raise ValueError(f"unknown score kind {kind!r}")
-        return _to_numpy(s)
+        with self._running():
+            dt = self._dtype(q)
+            tq, tk = _to_torch(q, dt), _to_torch(k, dt)
+            if kind == "dot":
+                s = torch.matmul(tq, tk.transpose(-1, -2))
+            elif kind == "scaled_dot":
+                scale = 1.0 / math.sqrt(tk.shape[-1]) if scale is None else float(scale)
+                s = torch.matmul(tq, tk.transpose(-1, -2)) * scale
+            elif kind == "bilinear":
+                s = torch.matmul(torch.matmul(tq, _to_torch(w, dt)), tk.transpose(-1, -2))
+            elif kind == "additive":
+                kw = torch.matmul(tk, _to_torch(w, dt))            # (*, Lk, Da)
+                qu = torch.matmul(tq, _to_torch(u, dt))            # (*, Lq, Da)
+                hidden = torch.tanh(kw.unsqueeze(-3) + qu.unsqueeze(-2))  # (*, Lq, Lk, Da)
+                s = torch.matmul(hidden, _to_torch(v, dt))
+            else:
+                raise ValueError(f"unknown score kind {kind!r}")
+            return _to_numpy(s)
 
     def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
                           softcap=None, window=None):
-        dt = self._dtype(q)
-        tq, tk = _to_torch(q, dt), _to_torch(k, dt)
-        tm, tb = _mask_to_torch(mask), None if bias is None else _to_torch(bias, dt)
-        lk = tk.shape[-2]
-        eye = torch.eye(lk, dtype=dt).expand(*tk.shape[:-2], lk, lk)  # SDPA(q, k, I) = P
-        p = _attend(tq, tk, eye, mask=tm, bias=tb, causal=causal, scale=scale,
-                    softcap=softcap, window=window)
-        return _to_numpy(p)
+        with self._running():
+            dt = self._dtype(q)
+            tq, tk = _to_torch(q, dt), _to_torch(k, dt)
+            tm, tb = _mask_to_torch(mask), None if bias is None else _to_torch(bias, dt)
+            lk = tk.shape[-2]
+            eye = torch.eye(lk, dtype=dt).expand(*tk.shape[:-2], lk, lk)  # SDPA(q, k, I) = P
+            p = self._attend(tq, tk, eye, mask=tm, bias=tb, causal=causal, scale=scale,
+                        softcap=softcap, window=window)
+            return _to_numpy(p)
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
              softcap=None, window=None):
-        tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
-        out = _attend(tq, tk, tv, mask=tm, bias=tb, causal=causal, scale=scale,
-                      softcap=softcap, window=window)
-        return _to_numpy(out)
+        with self._running():
+            tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
+            out = self._attend(tq, tk, tv, mask=tm, bias=tb, causal=causal, scale=scale,
+                          softcap=softcap, window=window)
+            return _to_numpy(out)
 
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
                  softcap=None, window=None):
-        tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
-        leaves = tuple(t.requires_grad_() for t in (tq, tk, tv))
-        out = _attend(*leaves, mask=tm, bias=tb, causal=causal, scale=scale,
-                      softcap=softcap, window=window)
-        grads = torch.autograd.grad(out, leaves, _to_torch(d_out, tq.dtype))
-        return tuple(_to_numpy(g) for g in grads)
+        with self._running():
+            tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
+            leaves = tuple(t.requires_grad_() for t in (tq, tk, tv))
+            out = self._attend(*leaves, mask=tm, bias=tb, causal=causal, scale=scale,
+                          softcap=softcap, window=window)
+            grads = torch.autograd.grad(out, leaves, _to_torch(d_out, tq.dtype))
+            return tuple(_to_numpy(g) for g in grads)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
-        dt = self._dtype(x)
-        tx = _to_torch(x, dt)
-        tq, tk, tv = (torch.matmul(tx, _to_torch(w, dt)) for w in (w_q, w_k, w_v))
-        return _to_numpy(_attend(tq, tk, tv, mask=_mask_to_torch(mask), causal=causal))
+        with self._running():
+            dt = self._dtype(x)
+            tx = _to_torch(x, dt)
+            tq, tk, tv = (torch.matmul(tx, _to_torch(w, dt)) for w in (w_q, w_k, w_v))
+            out = self._attend(tq, tk, tv, mask=_mask_to_torch(mask), causal=causal)
+            return _to_numpy(out)
 
     def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
                              num_kv_heads=None, mask=None, causal=None):
-        dt = self._dtype(query)
-        tq, tk, tv = (_to_torch(a, dt) for a in (query, key, value))
-        ws = [_to_torch(w, dt) for w in (w_q, w_k, w_v, w_o)]
-        allowed = _and(_mask_to_torch(mask), _allowed(tq.shape[-2], tk.shape[-2], causal, None))
-        kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        with torch.no_grad():
-            if kv_heads == num_heads and _module_fits(tq.shape[-1], num_heads, *ws):
-                out = _mha_module(tq, tk, tv, ws, num_heads, allowed)
-            else:
-                out = _mha_composed(tq, tk, tv, ws, num_heads, kv_heads, allowed)
-        return _to_numpy(out)
+        with self._running():
+            dt = self._dtype(query)
+            tq, tk, tv = (_to_torch(a, dt) for a in (query, key, value))
+            ws = [_to_torch(w, dt) for w in (w_q, w_k, w_v, w_o)]
+            allowed = _and(_mask_to_torch(mask), _allowed(tq.shape[-2], tk.shape[-2], causal, None))
+            kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+            with torch.no_grad():
+                if kv_heads == num_heads and _module_fits(tq.shape[-1], num_heads, *ws):
+                    out = _mha_module(tq, tk, tv, ws, num_heads, allowed)
+                else:
+                    out = _mha_composed(tq, tk, tv, ws, num_heads, kv_heads, allowed,
+                                       self._attend)
+            return _to_numpy(out)
 
 
 # ---------------------------------------------------------------- multi-head attention
@@ -354,11 +419,11 @@ def _mha_module(q, k, v, ws, heads, allowed):
     return out.reshape(*lead, lq, out.shape[-1])
 
 
-def _mha_composed(q, k, v, ws, heads, kv_heads, allowed):
+def _mha_composed(q, k, v, ws, heads, kv_heads, allowed, attend=_attend):
     """Projections, head split, the sdpa path (grouped-query via enable_gqa), W_o."""
     w_q, w_k, w_v, w_o = ws
     hq = _split_heads(torch.matmul(q, w_q), heads)
     hk = _split_heads(torch.matmul(k, w_k), kv_heads)
     hv = _split_heads(torch.matmul(v, w_v), kv_heads)
-    out = _attend(hq, hk, hv, mask=allowed)
+    out = attend(hq, hk, hv, mask=allowed)
     return torch.matmul(_merge_heads(out), w_o)

@@ -173,6 +173,8 @@ def certify_argv(args, passthrough) -> list[str]:
     argv += ["-c", os.devnull, "--rootdir", str(_folder(args).root), "--noconftest",
              "-p", "no:cacheprovider"]
     argv += [str(cases_dir), "--backend", args.backend]
+    if getattr(args, "device", None):
+        argv += ["--device", args.device]
     if args.spec_dir:
         argv += ["--spec-dir", str(cases_dir)]
     for dtype in args.dtype or ():
@@ -274,7 +276,7 @@ def _fuzz(args) -> int:
         return 2
 
     try:
-        backend = load_backend(args.backend)
+        backend = load_backend(args.backend, args.device)
     except BackendLoadError as exc:
         _err(str(exc))
         return 2
@@ -339,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "paddle | an entry point name | "
                        "package.module:attr | path/to/file.py:attr")
     c.add_argument("backend", metavar="BACKEND")
+    c.add_argument("--device", default=None, metavar="DEVICE",
+                   help="build the backend with device=DEVICE (torch: cpu, cuda, cuda:N; "
+                        "jax: cpu, gpu); default: the backend's own (the CPU here)")
     c.add_argument("--dtype", action="append", choices=DTYPES,
                    help="run only this dtype (repeatable)")
     c.add_argument("-k", dest="keyword", default=None,
@@ -381,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = command("fuzz", "compare a backend with the reference on random cases drawn by "
                 "Hypothesis; print a failure as a YAML case ready to paste into the spec")
     f.add_argument("backend", metavar="BACKEND")
+    f.add_argument("--device", default=None, metavar="DEVICE",
+                   help="build the backend with device=DEVICE (as for certify)")
     f.add_argument("--examples", type=int, default=100, help="cases to draw (default 100)")
     f.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     f.add_argument("--dtype", action="append", choices=DTYPES,

@@ -32,8 +32,10 @@ LOAD_SECONDS = 600.0        # importing a framework (and a first compile) can be
 
 
 class IsolatedBackend:
-    def __init__(self, reference: str, *, restart_every: int = 0, load_timeout=LOAD_SECONDS):
+    def __init__(self, reference: str, *, restart_every: int = 0, load_timeout=LOAD_SECONDS,
+                 device: str | None = None):
         self.reference, self.restart_every, self.load_timeout = reference, restart_every, load_timeout
+        self.device = device            # the backend is built with device=DEVICE, if given
         self.deadline: float | None = None       # monotonic time by which a call must end
         self.timeout_text = ""
         self.isolated = True
@@ -58,6 +60,8 @@ class IsolatedBackend:
         self._log.truncate()
         command = [sys.executable, "-m", "attention_conformance.worker",
                    str(theirs.fileno()), self.reference]
+        if self.device is not None:
+            command.append(self.device)
         self._proc = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT,
                                       start_new_session=True)

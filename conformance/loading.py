@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -62,17 +63,37 @@ def _resolve(reference: str):
         raise BackendLoadError(f"{target} has no attribute {attr!r}") from None
 
 
-def _instantiate(obj):
-    """A backend object from an object, a class, or a factory taking no arguments."""
+def _takes_device(obj) -> bool:
+    try:
+        parameters = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):   # no signature to read: let the call say
+        return True
+    return any(p.name == "device" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def _instantiate(obj, reference: str, device: str | None = None):
+    """A backend object from an object, a class, or a factory taking no arguments (or,
+    with a device, one taking ``device=``)."""
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "sdpa")):
-        return obj()
+        if device is None:
+            return obj()
+        if not _takes_device(obj):
+            raise BackendLoadError(f"backend {reference!r} does not take a device "
+                                   f"({getattr(obj, '__qualname__', obj)!s} has no 'device' "
+                                   f"parameter): run it without --device {device}")
+        return obj(device=device)
+    if device is not None:
+        raise BackendLoadError(f"backend {reference!r} is an object, already built: it "
+                               f"cannot be given --device {device}; name its class or a "
+                               "factory taking device= instead")
     return obj
 
 
-def load_backend(reference: str):
-    """The backend object named by reference; BackendLoadError with the reason if not."""
+def load_backend(reference: str, device: str | None = None):
+    """The backend object named by reference, built for ``device`` when one is given
+    (passed as ``device=DEVICE``); BackendLoadError with the reason if not."""
     try:
-        backend = _instantiate(_resolve(reference))
+        backend = _instantiate(_resolve(reference), reference, device)
     except BackendLoadError:
         raise
     except Exception as exc:  # an adapter failing to import is reported once, clearly

@@ -16,6 +16,10 @@ def pytest_addoption(parser):
     group.addoption("--backend", help="backend to certify: numpy | torch | jax | tensorflow |"
                     " onnxruntime | onnx-reference | paddle | an entry point name |"
                     " package.module:attr | path/file.py:attr")
+    group.addoption("--device", default=None,
+                    help="build the backend with device=DEVICE (torch: cpu, cuda, cuda:N; "
+                    "jax: cpu, gpu); default: the backend's own (the CPU for the built-in "
+                    "ones); a device the machine lacks is a load error, never the CPU")
     group.addoption("--spec-dir", default=None, help="case files to run (default: the spec"
                     " the package carries, or $ATTENTION_CONFORMANCE_SPEC/cases)")
     group.addoption("--profile", choices=PROFILES, default="quick",

@@ -39,10 +39,11 @@ class State:
     def __init__(self, config):
         self.config = config
         reference = config.getoption("backend")
+        device = config.getoption("device")
         if config.getoption("in_process"):
-            self.backend = load_backend(reference)
+            self.backend = load_backend(reference, device)
         else:
-            self.backend = IsolatedBackend(reference,
+            self.backend = IsolatedBackend(reference, device=device,
                                            restart_every=config.getoption("restart_every"))
         self.info = describe(self.backend)
         self.folder = SpecFolder.from_option(config.getoption("spec_dir"))

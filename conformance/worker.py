@@ -1,4 +1,5 @@
-"""A backend in its own process: ``python -m attention_conformance.worker FD REFERENCE``.
+"""A backend in its own process: ``python -m attention_conformance.worker FD REFERENCE
+[DEVICE]`` (with DEVICE, the backend is built with ``device=DEVICE``).
 
 The runner (isolation.py) starts it with one end of a socket pair as FD. It loads the
 backend, answers with its declaration, then serves calls until told to stop: each
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     conn = Connection(int(argv[0]))
     try:
-        backend = load_backend(argv[1])
+        backend = load_backend(argv[1], argv[2] if len(argv) > 2 else None)
     except BackendLoadError as exc:
         wire.send(conn, {"load_error": str(exc)})
         return 2

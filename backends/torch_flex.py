@@ -1,0 +1,251 @@
+"""PyTorch's FlexAttention as a backend: torch-flex.
+
+``torch.nn.attention.flex_attention.flex_attention`` takes the score pipeline as code:
+a ``score_mod(score, b, h, q_idx, kv_idx)`` edits each scaled score and a
+``mask_mod(b, h, q_idx, kv_idx)`` (compiled into a ``BlockMask`` by
+``create_block_mask``) says which keys a query may see. The adapter maps the spec onto
+them and calls nothing else:
+
+- ``score_mod``: softcap ``c * tanh(s / c)``, then ``+ bias[b, h, q_idx, kv_idx]`` (the
+  spec's order: scale, softcap, bias, mask; flex applies ``scale`` before score_mod);
+- ``mask_mod``: causal (top-left or bottom-right: ``kv_idx <= q_idx + offset``), the
+  window's two sides, and the boolean mask ``mask[b, h, q_idx, kv_idx]``, and-ed;
+- grouped-query through ``enable_gqa=True``; Dv != Dk is native.
+
+Inputs are brought to flex's (B, H, L, D) layout (rank 2 and 3 get leading 1s, batch
+dims beyond one are flattened into B); flex takes no mask or bias tensor, so the adapter
+broadcasts them to (B, Hq, Lq, Lk) itself, under NumPy rules, for the mods to index.
+
+- ``sdpa``, ``self_attention`` (projections with ``torch.matmul``) and
+  ``multi_head_attention`` (projections, head split, ``w_o`` with torch ops, every head
+  through flex) call flex_attention;
+- ``attention_weights``: flex_attention with V = identity(Lk), whose output is P itself
+  with flex's own masking;
+- ``sdpa_vjp``: ``torch.autograd.grad`` through flex_attention. On the CPU, torch 2.13
+  refuses it ("FlexAttention does not support backward on CPU"), so those tests are
+  unsupported there with torch's reason; on CUDA it runs.
+- ``softmax`` and ``scores`` call no flex_attention: unsupported (the torch backend
+  certifies them).
+
+Eager or compiled: by default flex_attention runs eagerly (torch's unfused reference
+path, which materialises the scores; torch warns once that it is not compiled). With
+``compiled=True`` (the built-in ``torch-flex-compiled``) it runs
+``torch.compile(flex_attention)``, the fused kernel; on this project's CPU that costs
+about 6 s for each new shape (30 s for the first), and the spec has over a thousand
+shapes, so the whole spec takes hours compiled. ``paths`` says which one ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import warnings
+
+import torch
+import torch.nn.attention.flex_attention as flex_module
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from .torch import (TorchBackend, _allowed, _and, _broadcast, _is_gqa, _mask_to_torch,
+                    _mha_composed, _to_numpy, _to_torch)
+
+_CAUSAL = (None, "top_left", "bottom_right")
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector paused for one call (refcounting still frees).
+    Eager flex_attention allocates thousands of small Python objects a call (vmap,
+    pytrees), which keeps triggering collections of torch's large heap: 50 ms a call
+    with the collector, 7 ms without, on the spec's tiny inputs."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def _hop_called_directly(direct: bool):
+    """Eager flex_attention, forward only: the same flex_attention_hop (and so the same
+    unfused computation, bit for bit), called directly rather than through the
+    ``torch.compile(backend="eager")`` wrapper flex puts around it, which traces again
+    with dynamo for every new shape, dtype and mod (0.4-0.9 s each; the spec has
+    thousands: half an hour instead of a minute). The switch is flex's own,
+    ``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``, named in its warning; it is set only for
+    the call, and never for a backward (where flex needs the wrapper)."""
+    if not direct:
+        yield
+        return
+    was = flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        yield
+    finally:
+        flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = was
+
+
+def _open(side) -> bool:
+    return side is None or side < 0
+
+
+def _to_4d(t, rank, lead):
+    """(…, X, Y, Z) at the common rank -> (B, X, Y, Z), as the inputs are laid out."""
+    t = t.reshape((1,) * (rank - t.dim()) + tuple(t.shape))
+    if rank > 4:
+        t = t.expand(*lead, *t.shape[-3:]).reshape(-1, *t.shape[-3:])
+    return t
+
+
+def _score_mod(softcap, bias):
+    if softcap is None and bias is None:
+        return None
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if softcap is not None:
+            score = softcap * torch.tanh(score / softcap)
+        if bias is not None:
+            score = score + bias[b, h, q_idx, kv_idx]
+        return score
+
+    return score_mod
+
+
+def _mask_mod(mask, causal, window, offset):
+    if mask is None and causal is None and window is None:
+        return None
+    left, right = window if window is not None else (None, None)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        pos = q_idx + offset
+        ok = kv_idx >= 0
+        if causal is not None:
+            ok = ok & (kv_idx <= pos)
+        if not _open(left):
+            ok = ok & (kv_idx >= pos - left)
+        if not _open(right):
+            ok = ok & (kv_idx <= pos + right)
+        if mask is not None:
+            ok = ok & mask[b, h, q_idx, kv_idx]
+        return ok
+
+    return mask_mod
+
+
+class TorchFlexBackend(TorchBackend):
+    """The attention interface on torch.nn.attention.flex_attention (eager by default)."""
+
+    name = "torch-flex"
+    compiled = False
+    # Determined on torch 2.13 (CPU, eager): a row whose keys are all masked, or whose
+    # scores are all -inf, gets output 0 (flex's safe softmax); flex evaluates mask_mod
+    # on the scores, so a NaN key at a masked position is replaced, while a NaN value
+    # still meets a weight of 0 in P @ V, and 0 * NaN = NaN.
+    policy = {
+        "fully_masked_rows": "zeros",
+        "neg_inf_bias_rows": "zeros",
+        "masked_key_nan": "ignored",
+        "masked_value_nan": "propagates",
+    }
+
+    def __init__(self, device=None, compiled=None):
+        super().__init__(device)
+        if compiled is not None:
+            self.compiled = bool(compiled)
+        if self.compiled:
+            # every shape is a new graph: never let dynamo give up and run eagerly instead
+            torch._dynamo.config.cache_size_limit = max(
+                torch._dynamo.config.cache_size_limit, 100_000)
+            torch._dynamo.config.accumulated_cache_size_limit = max(
+                torch._dynamo.config.accumulated_cache_size_limit, 100_000)
+            self._flex = torch.compile(flex_attention, fullgraph=True)
+            how = "torch.compile(flex_attention, fullgraph=True) (the fused kernel)"
+        else:
+            self._flex = flex_attention
+            how = "flex_attention eagerly (torch's unfused reference path)"
+        on = f"{how} on {self.device}"
+        mods = "score_mod: softcap, bias; BlockMask from mask_mod: causal, window, mask; " \
+               "enable_gqa"
+        self.versions["flex_attention"] = "compiled" if self.compiled else "eager"
+        self.paths = {
+            "softmax": "not run: calls no flex_attention (the torch backend certifies it)",
+            "scores": "not run: calls no flex_attention (the torch backend certifies it)",
+            "attention_weights": f"native: {on} with V = identity(Lk) ({mods})",
+            "sdpa": f"native: {on} ({mods})",
+            "sdpa_vjp": f"native: torch.autograd.grad through {on} (torch refuses flex's "
+                        "backward on the CPU)",
+            "self_attention": f"composed projections (torch.matmul), then {on}",
+            "multi_head_attention": f"composed projections, heads and w_o (torch ops) "
+                                    f"around {on}",
+        }
+
+    # ------------------------------------------------------------ the flex path
+
+    def _attend(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+                softcap=None, window=None):
+        if causal not in _CAUSAL:
+            raise ValueError(f"causal must be one of {_CAUSAL}, got {causal!r}")
+        if softcap is not None and softcap <= 0:
+            raise ValueError(f"softcap must be positive, got {softcap}")
+        gqa = _is_gqa(q, k)
+        q, k, v = _broadcast(q, k, v, mask, bias, gqa)
+        rank = max(q.dim(), 4)
+        lead = q.shape[:-3] if q.dim() > 3 else ()
+        out_shape = (*q.shape[:-1], v.shape[-1])
+        q4, k4, v4 = (_to_4d(t, rank, lead) for t in (q, k, v))
+        b, hq, lq, _ = q4.shape
+        lk = k4.shape[-2]
+        full = (b, hq, lq, lk)     # flex's mods index the scores' own (b, h, q, kv)
+        mask4 = None if mask is None else _to_4d(mask, rank, lead).expand(full)
+        bias4 = None if bias is None else _to_4d(bias, rank, lead).expand(full)
+        offset = lk - lq if causal == "bottom_right" else 0
+        window = None if window is None else tuple(window)
+        mask_mod = _mask_mod(mask4, causal, window, offset)
+        block_mask = None
+        if mask_mod is not None:
+            batched = mask4 is not None
+            block_mask = create_block_mask(mask_mod, b if batched else None,
+                                           hq if batched else None, lq, lk,
+                                           device=q4.device)
+        score_mod = _score_mod(None if softcap is None else float(softcap), bias4)
+        direct = not self.compiled and not any(t.requires_grad for t in (q4, k4, v4))
+        with warnings.catch_warnings(), _collector_paused(), _hop_called_directly(direct):
+            # eager flex warns (once) that it is not compiled: paths says so already
+            warnings.filterwarnings("ignore", message="flex_attention called without")
+            out = self._flex(q4, k4, v4, score_mod=score_mod, block_mask=block_mask,
+                             scale=None if scale is None else float(scale),
+                             enable_gqa=gqa)
+        return out.reshape(out_shape)
+
+    # ------------------------------------------------------------ operations
+
+    def softmax(self, x, axis=-1):
+        raise NotImplementedError(f"{self.name}: softmax calls no flex_attention "
+                                  "(certified by the torch backend)")
+
+    def scores(self, q, k, *, kind, scale=None, w=None, u=None, v=None):
+        raise NotImplementedError(f"{self.name}: scores call no flex_attention "
+                                  "(certified by the torch backend)")
+
+    def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
+                             num_kv_heads=None, mask=None, causal=None):
+        with self._running():
+            dt = self._dtype(query)
+            tq, tk, tv = (_to_torch(a, dt) for a in (query, key, value))
+            ws = [_to_torch(w, dt) for w in (w_q, w_k, w_v, w_o)]
+            allowed = _and(_mask_to_torch(mask),
+                           _allowed(tq.shape[-2], tk.shape[-2], causal, None))
+            kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+            with torch.no_grad():
+                out = _mha_composed(tq, tk, tv, ws, num_heads, kv_heads, allowed,
+                                    self._attend)
+            return _to_numpy(out)
+
+
+class TorchFlexCompiledBackend(TorchFlexBackend):
+    """torch-flex with ``torch.compile(flex_attention)``: the fused kernel (slow to
+    compile on the CPU: certify a subset there, with -k)."""
+
+    name = "torch-flex-compiled"
+    compiled = True
