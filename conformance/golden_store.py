@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import math
+import re
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -74,20 +75,46 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+#: a line as sha256sum writes it: the digest (either case), two spaces or a space and
+#: the binary marker '*', the file name
+_MANIFEST_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](\S.*)")
+
+
 def read_manifest(directory: Path) -> dict[str, str]:
+    """file name -> lower-case sha256 of the manifest; GoldenError naming the line when
+    a line is not as sha256sum writes it, or lists a file twice with two digests."""
     manifest = directory / MANIFEST
     if not manifest.exists():
         return {}
-    entries = {}
-    for line in manifest.read_text().splitlines():
-        if line.strip():
-            digest, name = line.split(maxsplit=1)
-            entries[name.strip()] = digest
+    try:
+        text = manifest.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GoldenError(f"{manifest} cannot be read: {type(exc).__name__}: {exc}") from None
+    entries, lines = {}, {}
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
+        if not line.strip():
+            continue
+        match = _MANIFEST_LINE.fullmatch(line)
+        if not match:
+            raise GoldenError(f"{manifest}:{number}: malformed line {line[:80]!r}: expected "
+                              "'<64 hex digits>  <file name>' as sha256sum writes it "
+                              "(run: attention-conformance golden regenerate)")
+        digest, name = match.group(1).lower(), match.group(2)
+        if name in entries and entries[name] != digest:
+            raise GoldenError(f"{manifest}:{number}: {name} is listed again with another "
+                              f"sha256 (first at line {lines[name]})")
+        entries[name], lines[name] = digest, number
     return entries
 
 
 def write_manifest(directory: Path) -> None:
-    lines = [f"{sha256(p)}  {p.name}" for p in sorted(directory.glob("*.npz"))]
+    paths = sorted(directory.glob("*.npz"))
+    for path in paths:
+        if "\n" in path.name or "\r" in path.name or path.name != path.name.strip():
+            raise GoldenError(f"golden file name {path.name!r} cannot be listed in {MANIFEST}: "
+                              "a line break or an outer space would break its lines")
+    lines = [f"{sha256(p)}  {p.name}" for p in paths]
     (directory / MANIFEST).write_text("\n".join(lines) + "\n")
 
 

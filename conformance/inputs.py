@@ -81,7 +81,12 @@ def _triangle(g, dims):
 
 
 def _onehot(g, dims):
-    return np.eye(g["depth"])[np.array(g["indices"], dtype=int)]
+    indices = np.array(g["indices"], dtype=int).reshape(-1)
+    if indices.size and indices.max() >= g["depth"]:
+        raise IndexError(f"onehot index {indices.max()} is out of range for depth {g['depth']}")
+    rows = np.zeros((indices.size, g["depth"]))      # np.eye(depth) would take depth**2
+    rows[np.arange(indices.size), indices] = 1.0
+    return rows
 
 
 GENERATORS = {
@@ -97,6 +102,39 @@ def _generate(spec: dict, dims: dict) -> np.ndarray:
         if name in spec:
             return generator(spec[name], dims)
     raise ValueError(f"no generator in {sorted(spec)}")
+
+
+def _planned(spec: dict, dims: dict, known: dict) -> tuple[int, ...] | None:
+    """The shape an input's generator will make, found without making it (None: not
+    known, the generator itself will then report the problem)."""
+    try:
+        if "same_as" in spec:
+            return known.get(spec["same_as"])
+        if "values" in spec:
+            return tuple(np.shape(spec["values"]))
+        for name in ("normal", "uniform", "bernoulli", "full"):
+            if name in spec:
+                return _shape(spec[name]["shape"], dims)
+        if "key_padding" in spec:
+            g = spec["key_padding"]
+            return (len(g["lengths"]),) + (1,) * (g.get("rank", 3) - 2) + (resolve(g["size"], dims),)
+        if "triangle" in spec:
+            return resolve(spec["triangle"]["rows"], dims), resolve(spec["triangle"]["cols"], dims)
+        if "onehot" in spec:
+            return len(spec["onehot"]["indices"]), spec["onehot"]["depth"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return None
+
+
+def planned_shapes(inputs: dict, dims: dict) -> dict[str, tuple[int, ...] | None]:
+    """Every input's shape, computed without allocating anything (see _planned)."""
+    known: dict = {}
+    for _ in range(len(inputs)):                  # same_as chains resolve in this many rounds
+        for name, spec in inputs.items():
+            if known.get(name) is None:
+                known[name] = _planned(spec, dims, known)
+    return {name: known.get(name) for name in inputs}
 
 
 _NUMBER_WORDS = {".nan": np.nan, ".inf": np.inf, "-.inf": -np.inf}

@@ -111,3 +111,16 @@ def multi_head_attention(s, params):
     if s.get("mask") is not None:
         _bcast(s["mask"], batch + (heads, s["query"][-2], s["key"][-2]), what="mask")
     return (batch + (s["query"][-2], s["w_o"][1]),)
+
+
+def score_shape(op: str, s: dict, params: dict) -> tuple | None:
+    """The shape of the score matrix an op computes on the way (None: it computes none),
+    for inputs whose shapes are already known to be consistent."""
+    if op in ("attention_weights", "sdpa", "sdpa_vjp"):
+        return attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0]
+    if op == "self_attention":
+        return s["x"][:-1] + (s["x"][-2],)
+    if op == "multi_head_attention":
+        batch = _bcast(s["query"][:-2], s["key"][:-2], s["value"][:-2], what="batch dims")
+        return batch + (params["num_heads"], s["query"][-2], s["key"][-2])
+    return None

@@ -9,6 +9,7 @@ The tolerances (which dtypes exist) are the spec folder's own (spec_folder.py).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +17,9 @@ from . import spec_cache
 from .case import Case, Variant
 from .spec_folder import SpecFolder, default_folder
 from .spec_schema import schema_errors, schema_validator
-from .spec_yaml import SpecError, parse_yaml
+from .spec_yaml import MAX_FILE_BYTES, SpecError, parse_yaml
 from .tolerances import load_tolerances
-from .validation import static_errors
+from .validation import TOPIC_PATTERN, static_errors
 
 
 def _variants(raw) -> tuple[Variant, ...]:
@@ -77,9 +78,12 @@ def load_file(path: Path, relative_to: Path | None = None,
               schema: Path | None = None) -> tuple[list[Case], list[SpecError]]:
     """The valid cases of one file, and every problem found in it."""
     name = _file_name(path, relative_to)
-    duplicates = []
+    duplicates, refused = [], []
     try:
-        document = parse_yaml(path.read_text(encoding="utf-8"), name, duplicates)
+        if path.stat().st_size > MAX_FILE_BYTES:     # refused before it is read
+            raise SpecError(name, 1, None, f"the file has {path.stat().st_size:,} bytes "
+                                           f"(at most {MAX_FILE_BYTES:,}: split it)")
+        document = parse_yaml(path.read_text(encoding="utf-8"), name, duplicates, refused)
     except SpecError as exc:
         return [], [exc]
     except (OSError, UnicodeDecodeError) as exc:
@@ -87,9 +91,15 @@ def load_file(path: Path, relative_to: Path | None = None,
     if not isinstance(document, dict):
         return [], [SpecError(name, 1, None, "a case file is a mapping with 'topic' and 'cases'")]
     raw_cases = document.get("cases") if isinstance(document.get("cases"), list) else []
-    found = schema_errors(document, name, schema_validator(schema or default_folder().schema_file))
+    refused_indexes = {index for index, *_ in refused}
+    found = [(index, error) for index, error in
+             schema_errors(document, name, schema_validator(schema or default_folder().schema_file))
+             if index not in refused_indexes or index is None]
+    found += [(index, SpecError(name, line, case_id, message))
+              for index, line, case_id, message in refused]
     topic = document.get("topic")
-    if isinstance(topic, str) and topic != path.stem:
+    # (a topic that is not lowercase-with-dashes to its end is the schema's error)
+    if isinstance(topic, str) and re.fullmatch(TOPIC_PATTERN, topic) and topic != path.stem:
         found.append((None, SpecError(name, getattr(document, "key_lines", {}).get("topic", 1), None,
                                       f"topic {topic!r} is not the file's name {path.stem!r}")))
     found += _duplicate_errors(duplicates, raw_cases, name)
@@ -161,14 +171,16 @@ def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
     errors += [SpecError(_file_name(p, root), 0, None, "case files end in .yaml")
                for p in sorted(cases_dir.glob("*.yml"))]
     tolerance_name = _file_name(tolerances, root)
-    check_case = (lambda case: static_errors(case, known_dtypes, tolerance_name)) if check \
-        else (lambda case: [])
     spec, seen = Spec([], errors), {}
     for path in sorted(cases_dir.glob("*.yaml")):
         if path.is_symlink() or not path.is_file():
             spec.errors.append(SpecError(_file_name(path, root), 0, None, "a case file must be a"
                                          " regular file inside the folder (a link is refused)"))
             continue
+        budget = [0, 0]           # elements of the file's valid cases (validation.py)
+        check_case = (lambda case, budget=budget:
+                      static_errors(case, known_dtypes, tolerance_name, budget)) \
+            if check else (lambda case: [])
         key = _cache_key(path, schema, known_dtypes) if cache and check else None
         cached = key and _from_cache(_file_name(path, root), key)
         if cached:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 from .policies import POLICIES
@@ -17,17 +18,38 @@ from .spec_yaml import SpecError
 _SINGULAR = {"dtypes": "dtype", "properties": "property", "cases": "case"}
 
 
+def _is_integer(checker, instance) -> bool:
+    """An integer is an int: JSON Schema's own "integer" also takes 2.0."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def _pattern(validator, pattern, instance, schema):
+    """An anchored pattern ("^...$") matches the whole string: with re.search, "$" also
+    matches before a final newline, so "an-id\n" would pass."""
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "string"):
+        return
+    anchored = pattern.startswith("^") and pattern.endswith("$")
+    if not (re.fullmatch if anchored else re.search)(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 @functools.cache
 def schema_validator(path: Path):
-    """A Draft 2020-12 validator (jsonschema is imported only when a file is validated).
+    """A Draft 2020-12 validator (jsonschema is imported only when a file is validated),
+    where an integer is an int (not 2.0) and an anchored pattern matches to the string's
+    end (not before a final newline).
 
     Its registry is empty: a $ref outside the schema itself is never fetched, from the
     network or from a file."""
-    from jsonschema import Draft202012Validator
+    from jsonschema import Draft202012Validator, validators
     from referencing import Registry
 
-    return Draft202012Validator(json.loads(Path(path).read_text(encoding="utf-8")),
-                                registry=Registry())
+    strict = validators.extend(
+        Draft202012Validator, validators={"pattern": _pattern},
+        type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+    return strict(json.loads(Path(path).read_text(encoding="utf-8")), registry=Registry())
 
 
 def schema_errors(document, file, validator) -> list[tuple[int | None, SpecError]]:
@@ -113,7 +135,15 @@ def _message(error, path) -> str:
         return f"{error.message}: every random input needs its own seed"
     if error.validator == "oneOf":
         return _one_of_message(error)
+    if (error.validator == "type" and "integer" in _as_list(error.validator_value)
+            and isinstance(error.instance, float)):
+        hint = f" (write {int(error.instance)})" if error.instance.is_integer() else ""
+        return f"{error.instance!r} is not an integer{hint}"
     return error.message[:200]
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
 
 
 def _one_of_message(error) -> str:

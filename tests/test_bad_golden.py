@@ -135,3 +135,49 @@ def test_a_packed_topic_unpacks_to_every_array(frozen):
     fresh = golden_compute.compute_case(case, golden_store.GoldenStore(directory).tolerances)
     assert sorted(data) == sorted(fresh)
     assert all(data[k].shape == fresh[k].shape and not data[k].flags.writeable for k in data)
+
+
+@pytest.mark.parametrize("line, why", [
+    ("not a manifest line", "no digest"),
+    ("0123abcd  tiny.npz", "a short digest"),
+    ("{digest}tiny.npz", "no separator"),
+    ("{digest}\ttiny.npz", "a tab for a separator"),
+    ("{digest}  ", "no file name"),
+])
+def test_a_malformed_manifest_line_is_named(frozen, line, why):
+    case, directory = frozen
+    manifest = directory / "SHA256SUMS"
+    good = manifest.read_text()
+    digest = good.split()[0]
+    manifest.write_text(good + line.format(digest=digest) + "\n")
+    expected = (f"golden data: {manifest}:2: malformed line "
+                f"{line.format(digest=digest)[:80]!r}: expected '<64 hex digits>  <file name>'")
+    assert failure(case, directory).startswith(expected), why
+    problems = golden_freeze.check([case], directory)         # `golden check` reports it
+    assert len(problems) == 1 and problems[0].startswith(expected[len("golden data: "):])
+
+
+@pytest.mark.parametrize("form", ["{upper}  tiny.npz", "{digest} *tiny.npz", "{upper} *tiny.npz\r"])
+def test_the_forms_sha256sum_writes_are_read(frozen, form):
+    case, directory = frozen
+    manifest = directory / "SHA256SUMS"
+    digest = manifest.read_text().split()[0]
+    manifest.write_text("\n" + form.format(digest=digest, upper=digest.upper()) + "\n")
+    assert golden_store.read_manifest(directory) == {"tiny.npz": digest}
+    assert run(case, directory).worst_ratio < 1
+    assert golden_freeze.check([case], directory) == []
+
+
+def test_a_file_listed_twice_with_two_digests(frozen):
+    case, directory = frozen
+    manifest = directory / "SHA256SUMS"
+    manifest.write_text(manifest.read_text() + "0" * 64 + "  tiny.npz\n")
+    assert failure(case, directory) == (f"golden data: {manifest}:2: tiny.npz is listed again "
+                                        "with another sha256 (first at line 1)")
+
+
+def test_a_manifest_that_is_not_text(frozen):
+    case, directory = frozen
+    (directory / "SHA256SUMS").write_bytes(b"\xff\xfe\x00garbage")
+    assert failure(case, directory).startswith(
+        f"golden data: {directory / 'SHA256SUMS'} cannot be read: UnicodeDecodeError")
