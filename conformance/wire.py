@@ -74,22 +74,33 @@ def _decode(value, buffers: list):
 
 
 def send(conn, message) -> None:
+    """One write: the header's length, the JSON header, then every buffer end to end."""
     buffers: list[bytes] = []
-    header = json.dumps(_encode(message, buffers), allow_nan=True).encode()
-    conn.send_bytes(struct.pack("<I", len(buffers)) + header)
+    body = _encode(message, buffers)
+    spans, offset = [], 0
     for buffer in buffers:
-        conn.send_bytes(buffer)
+        spans.append([offset, len(buffer)])
+        offset += len(buffer)
+    header = json.dumps({"body": body, "buffers": spans}, allow_nan=True).encode()
+    conn.send_bytes(b"".join([struct.pack("<I", len(header)), header, *buffers]))
 
 
 def receive(conn, limit: int = 1 << 31):
     """The next message (EOFError if the other side is gone)."""
-    first = conn.recv_bytes(limit)
-    if len(first) < 4:
+    data = conn.recv_bytes(limit)
+    if len(data) < 4:
         raise WireError("truncated message")
-    count = struct.unpack("<I", first[:4])[0]
+    size = struct.unpack("<I", data[:4])[0]
     try:
-        header = json.loads(first[4:])
-    except ValueError as exc:
-        raise WireError(f"message header is not JSON: {exc}") from None
-    buffers = [conn.recv_bytes(limit) for _ in range(count)]
-    return _decode(header, buffers)
+        header = json.loads(data[4:4 + size])
+        spans, body = header["buffers"], header["body"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WireError(f"message header is not what the protocol says: {exc}") from None
+    payload = memoryview(data)[4 + size:]
+    buffers = []
+    for span in spans:
+        if not (isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span)
+                and 0 <= span[0] and 0 <= span[1] and span[0] + span[1] <= len(payload)):
+            raise WireError(f"bad buffer span {span!r}"[:200])
+        buffers.append(payload[span[0]:span[0] + span[1]])
+    return _decode(body, buffers)
