@@ -9,18 +9,17 @@ from pathlib import Path
 import numpy as np
 
 from .golden_compute import compute_case
-from .golden_store import GoldenError, _unpack, load_topic, write_manifest, write_topic
+from .golden_store import GoldenError, GoldenStore, _unpack, load_topic, write_manifest, write_topic
 from .spec_folder import SpecFolder
 
 GOLDEN_RTOL = 1e-12   # the reference's own run-to-run spread (BLAS, machine) is ~1e-16
 
 
 def _golden_of(target) -> tuple[Path, object]:
-    """(golden folder, tolerances) of a SpecFolder, or of a golden folder (whose parent
-    holds the tolerances, as for GoldenStore)."""
-    if isinstance(target, SpecFolder):
-        return target.golden_dir, target.tolerances
-    return Path(target), SpecFolder(Path(target).parent).tolerances
+    """(golden folder, tolerances) of a SpecFolder, or of a golden folder, as the
+    GoldenStore of either finds them."""
+    store = GoldenStore.of(target) if isinstance(target, SpecFolder) else GoldenStore(Path(target))
+    return store.directory, store.tolerances
 
 
 def _by_topic(cases):

@@ -102,8 +102,7 @@ class IsolatedBackend:
         if code is None:
             how = f"its process stopped answering ({type(exc).__name__}) and was killed"
         elif code < 0:
-            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else "?"
-            how = f"its process was killed by signal {name} ({-code})"
+            how = f"its process was killed by signal {_signal_name(-code)} ({-code})"
         else:
             how = f"its process exited with code {code}"
         return f"the backend crashed while {doing}: {how}{self._tail()}"
@@ -158,6 +157,13 @@ class IsolatedBackend:
             raise BackendCrashed(self._death(f"receiving {op}", exc)) from None
         answer = self._receive(self.deadline, f"computing {op}")
         return _result(op, answer)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "?"
 
 
 def _result(op: str, answer: dict):

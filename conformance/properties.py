@@ -31,12 +31,12 @@ def _first(ctx):
     return next(iter(ctx.outputs.values()))
 
 
-def _close(actual, expected, tol, what, dtype="float64"):
+def _close(actual, expected, tol, what):
     error = np.abs(actual - expected)
     if not np.all(np.isfinite(error)) or np.max(error, initial=0.0) > tol:
         flat = int(np.nanargmax(np.where(np.isfinite(error), error, np.inf)))
         worst = tuple(int(i) for i in np.unravel_index(flat, error.shape))
-        n = digits(dtype)
+        n = digits("float64")           # float64 copies: enough digits for any dtype
         got, want = f"{float(actual[worst]):.{n}g}", f"{float(expected[worst]):.{n}g}"
         if not np.isfinite(error[worst]):      # a NaN or inf where a number belongs
             raise CheckFailure(f"{what}: got {got} at {list(worst)}, expected {want}")
