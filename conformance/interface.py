@@ -14,10 +14,6 @@ from .dtypes import DTYPES
 from .policies import POLICIES
 
 
-class DeclarationError(Exception):
-    """A backend's declared attributes are not what docs/interface.md says."""
-
-
 def declaration_problems(backend: Any) -> list[str]:
     """Every way the backend's name, dtypes and policy break the interface."""
     problems = []
