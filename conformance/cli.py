@@ -256,7 +256,7 @@ def _report(args) -> int:
              "make them with: attention-conformance certify BACKEND --report "
              f"{directory}")
         return 1
-    print(matrix_markdown(results), end="")
+    print(matrix_markdown(results, brief=True), end="")
     out = Path(args.output) if args.output else directory
     paths = write_matrix(results, out)
     print(f"\nmatrix of {len(results)} backends: " + ", ".join(str(p) for p in paths))

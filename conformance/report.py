@@ -16,8 +16,6 @@ from .policies import POLICIES, POLICY_MEANING
 from .results import FAILING, FORMAT, STATUS_LABELS, STATUSES, safe_name
 
 _COLUMNS = STATUSES
-#: rows of the matrix's table of tests that do not pass everywhere
-MAX_TEST_ROWS = 300
 _HEADINGS = tuple(STATUS_LABELS[c] for c in _COLUMNS)
 
 
@@ -235,14 +233,6 @@ def _matrix_tables(results: list[dict]) -> list[tuple[str, str, tuple, list]]:
     tables.append(("policies", "Declared policies", ("policy", *names),
                    [(p, *(r["backend"]["policy"].get(p, "-") for r in results))
                     for p in policies]))
-    status = [{t["id"]: t["status"] for t in r["results"]} for r in results]
-    differ = sorted({i for s in status for i, v in s.items() if v != "pass"})
-    tables.append(("tests", "Tests that do not pass everywhere", ("test", *names),
-                   [(i, *(STATUS_LABELS.get(s.get(i), "-") for s in status))
-                    for i in differ[:MAX_TEST_ROWS]]
-                   + ([(f"... and {len(differ) - MAX_TEST_ROWS} more (all of them, by case: "
-                        "below)", *("" for _ in names))]
-                      if len(differ) > MAX_TEST_ROWS else [])))
     tables.append(("failures", "Tests that do not pass, by case", GROUP_HEADER,
                    [_group_row(g) for g in failure_groups(results)]))
     keys = []
@@ -261,16 +251,23 @@ def _ratio(value) -> Cell:
     return Cell(f"{value:.2f}", "ok" if value <= 1 else "bad")
 
 
-def matrix_markdown(results: list[dict]) -> str:
-    """All backends side by side: totals, per topic and dtype, worst errors, policies."""
+def matrix_markdown(results: list[dict], brief: bool = False) -> str:
+    """All backends side by side: totals, per topic and dtype, worst errors, policies, the
+    tests that do not pass (by case) and versions; ``brief`` counts those tests instead of
+    listing them (what `report` prints)."""
     out = ["# Attention conformance matrix", ""]
     hashes = sorted({r["spec_hash"] for r in results})
     if len(hashes) > 1:
         out += [f"**Warning**: these reports were made against {len(hashes)} different specs "
                 f"({', '.join(hashes)}); they do not compare case for case.", ""]
-    for index, (_, title, header, rows) in enumerate(_matrix_tables(results)):
+    for index, (table_id, title, header, rows) in enumerate(_matrix_tables(results)):
         if index:
             out += ["", f"## {title}", ""]
+        if brief and table_id == "failures":
+            tests = sum(int(row[4].split(" of ")[0]) for row in rows)
+            out.append(f"{tests} tests in {len(rows)} groups of backend, case and status: "
+                       "listed in matrix.md and matrix.html")
+            continue
         out += _table(header, rows)
     return "\n".join(out) + "\n"
 

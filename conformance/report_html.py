@@ -193,8 +193,6 @@ def matrix_html(results: list[dict]) -> str:
     """The matrix as one static HTML page (inline CSS and script, nothing external)."""
     parts = _head() + _intro(results)
     for table_id, title, header, rows in _matrix_tables(results):
-        if table_id == "tests":
-            continue                              # the page lists them by case instead
         if table_id == "failures":
             parts += _failures_section(results)
             continue

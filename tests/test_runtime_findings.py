@@ -52,7 +52,7 @@ def _qkv(seed, b=1, h=2, lq=3, lk=5, d=8, dv=8):
 
 def _attention_model(dtype, *, opset, mask_dtype=None, mode=None, **attrs):
     """A one-node ONNX Attention model on inputs Q, K, V (and M)."""
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
     elem = {np.float64: TensorProto.DOUBLE, np.float32: TensorProto.FLOAT,
