@@ -246,7 +246,7 @@ def tox_figures(path: Path, kind: str) -> dict:
 
     text = path.read_text(errors="replace")
     envs = {}
-    for m in re.finditer(r"^\s*([\w.-]+): (OK|FAIL\w*|SKIP\w*)\S* \(([\d.]+)"
+    for m in re.finditer(r"^\s*([\w.-]+): (OK|FAIL|SKIP)[^(\n]*\(([\d.]+)"
                          r"(?:=setup\[([\d.]+)\])?", text, re.MULTILINE):
         envs[m[1]] = {"status": m[2], "seconds": float(m[3]),
                       "setup": float(m[4]) if m[4] else None}
