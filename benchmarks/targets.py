@@ -113,6 +113,8 @@ class Targets:
         wall, cpu, rc, out = run([*PYTEST, str(cases), "--backend", backend, "-q", *extra],
                                  env=env)
         counts = parse_summary(out or "")
+        if rc == 5 and "-k" in extra:        # a selection of nothing, asked for
+            return {"wall": wall, "cpu": cpu, "items": 0, "counts": counts or {}}
         if rc not in (0, 1) or counts is None:
             raise RuntimeError(f"{backend}: the conformance run failed (rc {rc}):\n{tail(out)}")
         return {"wall": wall, "cpu": cpu, "items": items_of(counts), "counts": counts}
@@ -289,8 +291,9 @@ def summary_line(figures: dict) -> str:
             parts.append(f"{backend} floor x{f['value']['ratio']:.2f} {verdict(f['value'])}")
         else:
             parts.append(f"{backend} floor - not measured")
-    met = sum(1 for f in figures.values() if f["value"].get("meets"))
-    judged = sum(1 for k, f in figures.items() if k != "growth")
+    judged = [f for k, f in figures.items() if k not in ("growth", "notes")]
+    met = sum(1 for f in judged if f["value"].get("meets"))
+    judged = len(judged)
     return f"speed targets: {met} of {judged} measured meet: " + "; ".join(parts)
 
 
