@@ -181,8 +181,11 @@ class Targets:
 
         compiles = suite_compiles(record)
         log(f"floor {backend}: replaying {backend} outside the suite")
+        replay_env = dict(self.env)
+        for key, value in BACKEND_ENV.get(backend, {}).items():   # tox's settings, as in the run
+            replay_env.setdefault(key, value)
         _, _, rc, out = run([sys.executable, str(HERE / "recording.py"), "replay", backend,
-                                str(record)], env=self.env)
+                             str(record)], env=replay_env)
         if rc != 0:
             raise RuntimeError(f"{backend}: the replay failed:\n{tail(out)}")
         replay = json.loads(out.strip().splitlines()[-1])
