@@ -22,8 +22,9 @@ Then (once): the float64 reference's sdpa and sdpa_vjp at growing lengths (wall 
 and peak RSS over the interpreter's baseline, each in its own subprocess), and the
 NumPy run on the quick spec replicated x1, x2, x4 (cost against the number of cases).
 
-Results are printed as Markdown and written to benchmarks/results.md (and the raw
-figures to benchmarks/results.json). Nothing here is a test: timings are only
+Results are printed as Markdown and written to benchmarks/results-costs.md (and the raw
+figures to benchmarks/results-costs.json; benchmarks/results.md holds the speed targets,
+written by benchmarks/targets.py). Nothing here is a test: timings are only
 meaningful on a quiet machine; the load average before and after is recorded.
 """
 
@@ -875,7 +876,7 @@ def build_parser():
     p.add_argument("--long", action="store_true",
                    help="also run the long profile once per backend (slow)")
     p.add_argument("--timeout", type=float, default=3600.0, help="per subprocess, seconds")
-    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results.md"),
+    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results-costs.md"),
                    help="Markdown output ('' for stdout only); raw figures go beside it"
                         " as .json")
     return p

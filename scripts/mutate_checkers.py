@@ -9,7 +9,8 @@ that pin that checker in a fresh pytest process, with the mutant applied at inte
 start by a sitecustomize module on PYTHONPATH (so it reaches the subprocesses those tests
 start too; it takes the place of any other sitecustomize for those runs). A mutant is pinned when at least one test fails; a mutant that cannot be
 applied (its target renamed) is an error, not a pass. The unmutated files must pass
-first, or nothing can be concluded.
+first, or nothing can be concluded (`--no-baseline` skips that run, for a caller that
+runs those files unmutated itself: the suite does, in the same session).
 
     python scripts/mutate_checkers.py                    # every mutant; a Markdown table
     python scripts/mutate_checkers.py --only property:   # names starting with a prefix
@@ -319,10 +320,14 @@ def main(argv=None) -> int:
                         help="run these test files for every mutant instead of its own "
                              "(to see which files pin what; the suite checks with it that "
                              "a surviving mutant fails the script)")
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false",
+                        help="skip the unmutated run of the files (the caller runs them "
+                             "unmutated itself, as the suite does)")
     args = parser.parse_args(argv)
 
-    if args.write_doc and (args.only or args.tests):
-        parser.error("--write-doc writes the table of every mutant: not with --only or --tests")
+    if args.write_doc and (args.only or args.tests or not args.baseline):
+        parser.error("--write-doc writes the table of every mutant, baseline included: "
+                     "not with --only, --tests or --no-baseline")
     chosen = [m for m in mutants() if not args.only or any(m.name.startswith(p) for p in args.only)]
     if args.tests:
         chosen = [Mutant(m.name, m.what, tuple(args.tests)) for m in chosen]
@@ -338,8 +343,8 @@ def main(argv=None) -> int:
         folder = Path(tmp)
         (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
         files = sorted({f for m in chosen for f in m.tests})
-        baseline = run_tests(None, files, folder, args.python)
-        if baseline.returncode != 0:
+        baseline = run_tests(None, files, folder, args.python) if args.baseline else None
+        if baseline is not None and baseline.returncode != 0:
             print(f"the unmutated tests fail (exit {baseline.returncode}); nothing can be "
                   f"concluded:\n{baseline.output}", file=sys.stderr)
             return 2
@@ -348,7 +353,8 @@ def main(argv=None) -> int:
     seconds, cpu = time.perf_counter() - start, _child_cpu() - cpu_start
     print(table(outcomes))
     pinned = sum(o.pinned for o in outcomes)
-    print(f"\n{len(outcomes)} mutants, {pinned} pinned; baseline {baseline.seconds:.1f} s; "
+    before = f"baseline {baseline.seconds:.1f} s" if baseline else "no baseline run"
+    print(f"\n{len(outcomes)} mutants, {pinned} pinned; {before}; "
           f"{seconds:.0f} s in all with {args.workers} parallel runs, {cpu:.0f} s of CPU")
     for o in outcomes:
         if not o.pinned:

@@ -4,5 +4,27 @@
 # NumPy cannot be loaded twice in one process: import the runner (and so NumPy) here,
 # before any in-process run, now that the plugin alone imports nothing.
 import attention_conformance.pytest_cases  # noqa: F401
+import pytest
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="session")
+def worked_examples_spec(tmp_path_factory):
+    """A spec folder of the worked examples alone (their golden data, the schema and the
+    tolerances): the cases folder, for the tests that certify in a fresh process and
+    select a few worked examples, so that they do not collect the whole spec."""
+    import shutil
+    from pathlib import Path
+
+    from attention_conformance import golden_store
+
+    root = Path(__file__).resolve().parent.parent / "spec"
+    spec = tmp_path_factory.mktemp("worked-examples") / "spec"
+    (spec / "cases").mkdir(parents=True)
+    (spec / "golden").mkdir()
+    for name in ("schema.json", "tolerances.yaml", "cases/worked_examples.yaml",
+                 "golden/worked_examples.npz"):
+        shutil.copy(root / name, spec / name)
+    golden_store.write_manifest(spec / "golden")
+    return spec / "cases"

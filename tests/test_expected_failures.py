@@ -25,24 +25,6 @@ class SkipsScale(NumpyBackend):
 '''
 
 
-def run(tmp_path, entries, case=CASE, extra=(), select=True):
-    (tmp_path / "adapter.py").write_text(ADAPTER)
-    (tmp_path / "expected.yaml").write_text("backend: skips-scale\nentries:\n" +
-                                            textwrap.indent(entries, "  "))
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "spec" / "cases"), "-p", "no:cacheprovider",
-           "--backend", f"{tmp_path / 'adapter.py'}:SkipsScale",
-           "--expected-failures", str(tmp_path / "expected.yaml"), "-rA", "-W", "always",
-           *extra] + (["-k", case.split("/")[1]] if select else [])
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
-
-
-def test_listed_finding_is_an_expected_failure_with_its_reason(tmp_path):
-    done = run(tmp_path, f'- match: "{CASE}[*]"\n  reason: "planted: scale 1/d_k"\n')
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert "4 xfailed" in done.stdout
-    assert "planted: scale 1/d_k" in done.stdout
-
-
 def small_spec(tmp_path):
     """A spec of the worked examples alone, so that a whole run (no -k) stays quick."""
     spec = tmp_path / "spec"
@@ -55,11 +37,31 @@ def small_spec(tmp_path):
     return spec / "cases"
 
 
-def test_entry_matching_nothing_warns_on_a_whole_run(tmp_path):
+def run(tmp_path, entries, case=CASE, extra=(), select=True):
+    """Certify the planted finding on a spec of the worked examples alone (a fresh
+    pytest process, as a user runs it)."""
+    (tmp_path / "adapter.py").write_text(ADAPTER)
+    (tmp_path / "expected.yaml").write_text("backend: skips-scale\nentries:\n" +
+                                            textwrap.indent(entries, "  "))
     cases = small_spec(tmp_path)
+    cmd = [sys.executable, "-m", "pytest", str(cases), "--spec-dir", str(cases),
+           "-p", "no:cacheprovider", "--backend", f"{tmp_path / 'adapter.py'}:SkipsScale",
+           "--expected-failures", str(tmp_path / "expected.yaml"), "-rA", "-W", "always",
+           *extra] + (["-k", case.split("/")[1]] if select else [])
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_listed_finding_is_an_expected_failure_with_its_reason(tmp_path):
+    done = run(tmp_path, f'- match: "{CASE}[*]"\n  reason: "planted: scale 1/d_k"\n')
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "4 xfailed" in done.stdout
+    assert "planted: scale 1/d_k" in done.stdout
+
+
+def test_entry_matching_nothing_warns_on_a_whole_run(tmp_path):
     done = run(tmp_path, f'- match: "{CASE}[*]"\n  reason: "planted"\n'
                          '- match: "no-such-topic/no-such-case[*]"\n  reason: "stale"\n',
-               extra=["--spec-dir", str(cases)], select=False)
+               select=False)
     assert "no-such-topic/no-such-case[*]" in done.stdout and "matches no test" in done.stdout
 
 

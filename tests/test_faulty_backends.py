@@ -39,16 +39,21 @@ FAULTS = {
 }
 
 
-def certify(pytester, adapter, *options):
-    return pytester.runpytest_inprocess(
-        str(ROOT / "spec" / "cases"), "--backend", str(FAULTY / adapter), "-k", SELECT,
-        "-p", "no:cacheprovider", "-p", "no:hypothesispytest", *options)
+@pytest.fixture
+def certify(pytester, worked_examples_spec):
+    """Certify an adapter in-process on the worked examples (a spec of them alone)."""
+    def run(adapter, *options):
+        return pytester.runpytest_inprocess(
+            str(worked_examples_spec), "--spec-dir", str(worked_examples_spec),
+            "--backend", str(FAULTY / adapter), "-k", SELECT,
+            "-p", "no:cacheprovider", "-p", "no:hypothesispytest", *options)
+    return run
 
 
 @pytest.mark.parametrize("adapter", FAULTS)
-def test_fault_fails_its_cases_precisely_and_the_run_goes_on(pytester, adapter):
+def test_fault_fails_its_cases_precisely_and_the_run_goes_on(certify, adapter):
     failed, passed, reason, options = FAULTS[adapter]
-    result = certify(pytester, adapter, *options)
+    result = certify(adapter, *options)
     result.assert_outcomes(failed=failed, passed=passed)
     output = result.stdout.str()
     name = f"faulty-{adapter.split('.')[0].replace('_', '-')}"
@@ -61,14 +66,14 @@ def test_fault_fails_its_cases_precisely_and_the_run_goes_on(pytester, adapter):
     assert len(re.findall(rf"^  (FAIL|TIMEOUT|CRASH) {re.escape(SDPA)}\[", summary, re.M)) == failed
 
 
-def test_wrong_shape_names_both_shapes(pytester):
-    output = certify(pytester, "wrong_shape.py:WrongShape", "--dtype", "float32").stdout.str()
+def test_wrong_shape_names_both_shapes(certify):
+    output = certify("wrong_shape.py:WrongShape", "--dtype", "float32").stdout.str()
     assert "output out has shape (2, 64), expected (3, 64)" in output
     assert "output out has shape (2, 8), expected (3, 8)" in output
 
 
-def test_adapter_that_fails_to_import_is_one_usage_error(pytester):
-    result = certify(pytester, "import_fails.py:ImportFails")
+def test_adapter_that_fails_to_import_is_one_usage_error(certify):
+    result = certify("import_fails.py:ImportFails")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = result.stderr.str()
     assert errors.count("ERROR") == 1, errors

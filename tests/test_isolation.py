@@ -46,11 +46,11 @@ FAULTS = {
 }
 
 
-def certify(tmp_path, adapter, *options, timeout=240):
+def certify(tmp_path, adapter, cases, *options, timeout=240):
     reports = tmp_path / "reports"
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(ROOT / "spec" / "cases"), "-p",
+        [sys.executable, "-m", "pytest", str(cases), "--spec-dir", str(cases), "-p",
          "attention_conformance.plugin", "-p", "no:cacheprovider", "-q",
          "--backend", str(FAULTY / adapter), "-k", SELECT, "--dtype", "float32",
          "--dtype", "float64", "--report", str(reports), *options],
@@ -60,9 +60,9 @@ def certify(tmp_path, adapter, *options, timeout=240):
 
 
 @pytest.mark.parametrize("adapter", FAULTS)
-def test_a_faulty_backend_ends_in_a_status_and_the_run_goes_on(tmp_path, adapter):
+def test_a_faulty_backend_ends_in_a_status_and_the_run_goes_on(tmp_path, adapter, worked_examples_spec):
     status, text, options = FAULTS[adapter]
-    done, report = certify(tmp_path, adapter, *options)
+    done, report = certify(tmp_path, adapter, worked_examples_spec, *options)
     out = done.stdout + done.stderr
     assert report is not None, out[-3000:]
     records = report["results"]
@@ -119,23 +119,28 @@ def test_an_isolated_backend_answers_like_the_adapter():
         isolated.close()
 
 
-def test_in_process_mode_still_runs(tmp_path):
-    done, report = certify(tmp_path, "raises.py:Raises", "--in-process")
+def test_in_process_mode_still_runs(tmp_path, worked_examples_spec):
+    done, report = certify(tmp_path, "raises.py:Raises", worked_examples_spec, "--in-process")
     assert report is not None and done.returncode == 1
     assert {r["status"] for r in report["results"]} == {"fail", "pass"}
 
 
-def test_an_interrupted_run_writes_a_report_marked_incomplete(tmp_path):
+def test_an_interrupted_run_writes_a_report_marked_incomplete(tmp_path, worked_examples_spec):
     reports = tmp_path / "reports"
+    cases = worked_examples_spec
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", str(ROOT / "spec" / "cases"), "-p",
+        [sys.executable, "-m", "pytest", str(cases), "--spec-dir", str(cases), "-p",
          "attention_conformance.plugin", "-p", "no:cacheprovider", "-q", "--backend",
          str(FAULTY / "hangs.py:Hangs"), "-k", SELECT, "--report", str(reports)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+             "FAULTY_HANGS_MARKER": str(tmp_path / "inside-sdpa")})
     import signal
     import time
-    time.sleep(10)                                 # inside the hanging sdpa by now
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "inside-sdpa").exists():  # wait until inside the hanging sdpa
+        assert proc.poll() is None and time.monotonic() < deadline, "sdpa never started"
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     [report] = reports.glob("*.json")

@@ -29,6 +29,7 @@ from _harness import (bug_files, catch, first_catch, item_id, load_bug, outcome,
                       quick_items)
 from _needs import NEEDS  # noqa: E402
 from _plant import Planted  # noqa: E402
+from _session_shared import once  # noqa: E402
 from _tiled import TiledPlanted, good as tiled_good  # noqa: E402
 
 @pytest.fixture(scope="module")
@@ -41,10 +42,28 @@ def golden():
     return GoldenStore()
 
 
+def _encode(found):
+    return list(found) if isinstance(found, tuple) else found
+
+
+def _decode(found):
+    return tuple(found) if isinstance(found, list) else found
+
+
 @pytest.fixture(scope="module")
-def catches(spec, golden):
+def catch_of(spec, golden, tmp_path_factory):
+    """bug file -> what catch() found for it, each bug run once per session (whichever
+    xdist worker asks first runs it; the others read its result)."""
+    def found(path):
+        return once(tmp_path_factory, f"known-bad/{path.stem}",
+                    lambda: catch(path, spec, golden), _encode, _decode)
+    return found
+
+
+@pytest.fixture(scope="module")
+def catches(catch_of):
     """bug -> (test id, first failure message), None (not caught), or the missing kind."""
-    return {path.stem: catch(path, spec, golden) for path in bug_files()}
+    return {path.stem: catch_of(path) for path in bug_files()}
 
 
 def _doc(path):
@@ -52,8 +71,8 @@ def _doc(path):
 
 
 @pytest.mark.parametrize("path", bug_files(), ids=lambda p: p.stem)
-def test_planted_bug_is_caught(path, catches):
-    found = catches[path.stem]
+def test_planted_bug_is_caught(path, catch_of):
+    found = catch_of(path)
     assert not isinstance(found, str), f"{path.stem}: the spec has no {found}, which this bug needs"
     kind = f", a {NEEDS[path.stem][0]} included" if path.stem in NEEDS else ""
     assert found is not None, f"{path.stem} ({_doc(path)}) passes every quick case{kind}"

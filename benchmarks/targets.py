@@ -1,0 +1,427 @@
+#!/usr/bin/env python3
+"""The speed targets, one figure each, with "meets" or "misses" (docs/benchmarks.md).
+
+    python benchmarks/targets.py                      # every target this machine can run
+    python benchmarks/targets.py --only suite,overhead
+    python benchmarks/targets.py --tox-log tox.log --tox-kind warm   # read a tox -p log
+    python benchmarks/targets.py --summary            # the one line, from the last figures
+
+Targets (issue 16):
+
+1. tox: the whole `tox -p` matrix, <= 600 s cold (empty caches), <= 180 s warm; read
+   from the output of a `tox -p` run (`--tox-log`), never re-run here.
+2. suite: `pytest tests -n 2` (what `tox -e suite` runs), <= 180 s wall.
+3. overhead: the NumPy quick run, isolated (the default) and warm, against a bare pytest
+   run of as many items (a generated file of that many parametrised no-op tests, the
+   same flags, the plugin off): <= 1.5x; the in-process figure beside it.
+4. floor: for jax, tensorflow, torch and onnxruntime, the certification run's wall
+   against the framework's floor for the same work: every backend call of that run
+   recorded (benchmarks/recording.py) and replayed once, on the same inputs, in a fresh
+   interpreter with nothing checked (framework import, adapter construction, compiling
+   or building a session, running): <= 1.2x. For JAX, the programs XLA compiled in the
+   run and in the replay, and their compile seconds.
+5. growth: what each case family costs (NumPy, per case and per item): the topic's run
+   minus a run of the same spec folder that selects nothing (start-up, load, spec).
+   Reported, no bound.
+
+Each run merges its figures into benchmarks/results-targets.json (figures not measured
+keep their earlier value and date) and rewrites benchmarks/results.md. Timings are only
+meaningful on a quiet machine; the load average is recorded with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench import BARE_TEST, items_of, parse_summary, tail  # noqa: E402
+
+FIGURES = HERE / "results-targets.json"
+RESULTS = HERE / "results.md"
+FLOOR_BACKENDS = ("jax", "tensorflow", "torch", "onnxruntime")
+GROWTH_TOPICS = ("tiles", "varlen", "lse", "sinks", "precision")
+TARGETS = {"tox_cold": 600.0, "tox_warm": 180.0, "suite": 180.0, "overhead": 1.5,
+           "floor": 1.2}
+#: per-backend settings of tox.ini, applied unless the caller's environment sets them
+BACKEND_ENV = {"torch": {"OMP_NUM_THREADS": "1"}}
+PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+
+
+def log(message):
+    print(f"[targets] {message}", file=sys.stderr, flush=True)
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def load() -> list:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run(args, *, env=None, cwd=ROOT, timeout=3600):
+    """(wall, cpu of the child and its waited-for descendants, rc, output)."""
+    import resource
+
+    def cpu():
+        u = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return u.ru_utime + u.ru_stime
+
+    before, start = cpu(), time.perf_counter()
+    try:
+        done = subprocess.run(args, check=False, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return time.perf_counter() - start, None, None, "[timed out]"
+    return time.perf_counter() - start, cpu() - before, done.returncode, done.stdout
+
+
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    return values[len(values) // 2] if values else None
+
+
+class Targets:
+    def __init__(self, args):
+        self.args = args
+        self.tmp = Path(tempfile.mkdtemp(prefix="attention-targets-"))
+        self.env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TF_CPP_MIN_LOG_LEVEL="2")
+        self.env.pop("JAX_COMPILATION_CACHE_DIR", None)     # a floor is measured cold
+        self.env["ATTENTION_CONFORMANCE_CACHE"] = str(self.tmp / "spec-cache")
+        self.spec = Path(args.spec).resolve()
+
+    def close(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def conformance(self, backend, extra=(), env=None, cases=None):
+        cases = cases or self.spec / "cases"
+        env = dict(env or self.env, ATTENTION_CONFORMANCE_SPEC=str(Path(cases).parent))
+        for key, value in BACKEND_ENV.get(backend, {}).items():
+            env.setdefault(key, value)
+        wall, cpu, rc, out = run([*PYTEST, str(cases), "--backend", backend, "-q", *extra],
+                                 env=env)
+        counts = parse_summary(out or "")
+        if rc == 5 and "-k" in extra:        # a selection of nothing, asked for
+            return {"wall": wall, "cpu": cpu, "items": 0, "counts": counts or {}}
+        if rc not in (0, 1) or counts is None:
+            raise RuntimeError(f"{backend}: the conformance run failed (rc {rc}):\n{tail(out)}")
+        return {"wall": wall, "cpu": cpu, "items": items_of(counts), "counts": counts}
+
+    def bare(self, n):
+        folder = self.tmp / f"bare-{n}"
+        folder.mkdir(exist_ok=True)
+        (folder / "test_bare.py").write_text(BARE_TEST.format(n=n))
+        wall, cpu, rc, out = run([*PYTEST, "-q", "-p", "no:attention_conformance",
+                                  "--rootdir", str(folder), str(folder / "test_bare.py")],
+                                 env=self.env, cwd=folder)
+        assert rc == 0 and items_of(parse_summary(out)) == n, tail(out)
+        return {"wall": wall, "cpu": cpu}
+
+    # -- 2. the suite's own tests ---------------------------------------------------
+    def suite(self):
+        log("suite: pytest tests -n 2")
+        wall, cpu, rc, out = run([*PYTEST[:-2], "tests", "-q", "-n", "2"], env=self.env,
+                                 timeout=1800)
+        return {"wall": wall, "cpu": cpu, "rc": rc, "counts": parse_summary(out or ""),
+                "target": TARGETS["suite"], "meets": rc == 0 and wall <= TARGETS["suite"]}
+
+    # -- 3. runner overhead ---------------------------------------------------------
+    def overhead(self):
+        figures = {"isolated": [], "in_process": [], "bare": [], "items": None}
+        self.conformance("numpy")                    # warms the spec cache
+        for i in range(self.args.repeat):
+            log(f"overhead: repeat {i + 1}/{self.args.repeat}")
+            iso = self.conformance("numpy")
+            inproc = self.conformance("numpy", extra=["--in-process"])
+            figures["items"] = iso["items"]
+            figures["isolated"].append(iso["wall"])
+            figures["in_process"].append(inproc["wall"])
+            figures["bare"].append(self.bare(iso["items"])["wall"])
+        iso, inproc, bare = (median(figures[k]) for k in ("isolated", "in_process", "bare"))
+        # the floor of a serial run: pytest's own per-item cost (bare) plus the work inside
+        # the cases in-process (the backend's arithmetic, rounding inputs, the golden
+        # comparison, the properties' calls): the report's per-test seconds
+        reports = self.tmp / "overhead-report"
+        self.conformance("numpy", extra=["--in-process", "--report", str(reports)])
+        from bench import case_seconds, read_report
+
+        in_cases = case_seconds(read_report(reports, "numpy")) or 0.0
+        figures.update(in_case_seconds=in_cases, floor_ratio=(bare + in_cases) / bare)
+        figures.update(ratio=iso / bare, in_process_ratio=inproc / bare,
+                       target=TARGETS["overhead"], meets=iso / bare <= TARGETS["overhead"])
+        return figures
+
+    # -- 4. each framework against its own floor ------------------------------------
+    def floor(self, backend):
+        import importlib.util
+
+        module = {"onnxruntime": "onnxruntime"}.get(backend, backend)
+        if importlib.util.find_spec(module) is None:
+            return {"skipped": f"{module} is not installed"}
+        cases = self.spec_of(self.args.floor_topics) if self.args.floor_topics else None
+        log(f"floor {backend}: the certification run")
+        suite = self.conformance(backend, cases=cases)
+        log(f"floor {backend}: the recorded run")
+        record = self.tmp / f"record-{backend}"
+        env = dict(self.env, BENCH_RECORD_BACKEND=backend, BENCH_RECORD_DIR=str(record))
+        recorded = self.conformance(f"{HERE / 'recording.py'}:Recording", env=env, cases=cases)
+        from recording import suite_compiles
+
+        compiles = suite_compiles(record)
+        log(f"floor {backend}: replaying {backend} outside the suite")
+        replay_env = dict(self.env)
+        for key, value in BACKEND_ENV.get(backend, {}).items():   # tox's settings, as in the run
+            replay_env.setdefault(key, value)
+        _, _, rc, out = run([sys.executable, str(HERE / "recording.py"), "replay", backend,
+                             str(record)], env=replay_env)
+        if rc != 0:
+            raise RuntimeError(f"{backend}: the replay failed:\n{tail(out)}")
+        replay = json.loads(out.strip().splitlines()[-1])
+        floor = replay["load_seconds"] + replay["calls_seconds"]
+        figures = {"suite_wall": suite["wall"], "items": suite["items"],
+                   "recorded_items": recorded["items"], "replay": replay, "floor": floor,
+                   "ratio": suite["wall"] / floor, "target": TARGETS["floor"],
+                   "topics": self.args.floor_topics or "all",
+                   "meets": suite["wall"] / floor <= TARGETS["floor"]}
+        if backend == "jax":
+            figures["suite_programs"] = compiles["programs"]
+            figures["suite_compile_seconds"] = compiles["seconds"]
+        shutil.rmtree(record, ignore_errors=True)
+        return figures
+
+    def spec_of(self, topics) -> Path:
+        """A copy of the spec folder with only the case files of topics; its cases dir."""
+        dest = self.tmp / ("spec-" + "-".join(topics))
+        if not dest.exists():
+            shutil.copytree(self.spec, dest, ignore=shutil.ignore_patterns("__pycache__"))
+            for path in (dest / "cases").glob("*.yaml"):
+                if path.stem not in topics:
+                    path.unlink()
+        return dest / "cases"
+
+    # -- 5. growth: the cost of each case family ------------------------------------
+    def growth(self):
+        rows = []
+        cases_dir = self.spec / "cases"
+        for topic in self.args.growth_topics:
+            if not (cases_dir / f"{topic}.yaml").exists():
+                continue
+            cases = self.spec_of([topic])
+            self.conformance("numpy", cases=cases, extra=["-k", "no-such-case-anywhere"])
+            base = median(self.conformance("numpy", cases=cases,
+                                           extra=["-k", "no-such-case-anywhere"])["wall"]
+                          for _ in range(self.args.repeat))
+            runs = [self.conformance("numpy", cases=cases) for _ in range(self.args.repeat)]
+            wall = median(r["wall"] for r in runs)
+            n_cases = self.count_cases(cases)
+            items = runs[0]["items"]
+            rows.append({"topic": topic, "cases": n_cases, "items": items, "wall": wall,
+                         "base": base, "per_case_ms": 1000 * (wall - base) / max(n_cases, 1),
+                         "per_item_ms": 1000 * (wall - base) / max(items, 1)})
+            log(f"growth {topic}: {rows[-1]['per_case_ms']:.1f} ms a case")
+        return rows
+
+    def count_cases(self, cases) -> int:
+        code = ("import sys; from attention_conformance.spec_loader import load_spec; "
+                "from attention_conformance.case import in_profile; "
+                "print(sum(in_profile(c, 'quick') for c in load_spec(sys.argv[1]).cases))")
+        _, _, rc, out = run([sys.executable, "-c", code, str(Path(cases).parent)], env=self.env)
+        return int(out.strip().splitlines()[-1]) if rc == 0 else 0
+
+
+# --------------------------------------------------------------------------- tox logs
+
+def tox_figures(path: Path, kind: str) -> dict:
+    """Seconds of a `tox -p` run from its output: the total, and each environment's
+    total with its setup (creating the env, installing) apart from its commands
+    (tox 4 prints `  numpy: OK (28.30=setup[10.20]+cmd[18.10] seconds)`)."""
+    import re
+
+    text = path.read_text(errors="replace")
+    envs = {}
+    for m in re.finditer(r"^\s*([\w.-]+): (OK|FAIL|SKIP)[^(\n]*\(([\d.]+)"
+                         r"(?:=setup\[([\d.]+)\])?", text, re.MULTILINE):
+        envs[m[1]] = {"status": m[2], "seconds": float(m[3]),
+                      "setup": float(m[4]) if m[4] else None}
+    total = re.findall(r"(congratulations :\)|evaluation failed :\() \(([\d.]+) seconds\)", text)
+    seconds = float(total[-1][1]) if total else None
+    ok = bool(total) and total[-1][0].startswith("congratulations")
+    target = TARGETS[f"tox_{kind}"]
+    setup = sum(e["setup"] or 0.0 for e in envs.values())
+    busy = sum(e["seconds"] for e in envs.values())
+    cores = os.cpu_count() or 1
+    # no schedule of these environments on this many cores ends sooner (each env runs
+    # on one core at a time, xdist envs aside): the floor the parallel run can reach
+    floor = max([busy / cores] + [e["seconds"] for e in envs.values()]) if envs else None
+    return {"wall": seconds, "ok": ok, "envs": envs, "target": target, "kind": kind,
+            "setup_seconds": setup, "env_seconds": busy, "cores": cores,
+            "schedule_floor": floor,
+            "meets": bool(ok and seconds is not None and seconds <= target)}
+
+
+# --------------------------------------------------------------------------- rendering
+
+def verdict(figure: dict | None) -> str:
+    if not figure:
+        return "not measured"
+    return "meets" if figure.get("meets") else "misses"
+
+
+def summary_line(figures: dict) -> str:
+    parts = []
+    for key, label, fmt in (("tox_cold", "tox -p cold", "{wall:.0f} s"),
+                            ("tox_warm", "tox -p warm", "{wall:.0f} s"),
+                            ("suite", "suite", "{wall:.0f} s"),
+                            ("overhead", "NumPy overhead", "x{ratio:.2f}")):
+        f = figures.get(key)
+        text = fmt.format(**f["value"]) if f and f["value"].get("wall", 1) is not None else "-"
+        parts.append(f"{label} {text} {verdict(f and f['value'])}")
+    for backend in FLOOR_BACKENDS:
+        f = figures.get(f"floor_{backend}")
+        if f and "ratio" in f["value"]:
+            parts.append(f"{backend} floor x{f['value']['ratio']:.2f} {verdict(f['value'])}")
+        else:
+            parts.append(f"{backend} floor - not measured")
+    judged = [f for k, f in figures.items() if k not in ("growth", "notes")]
+    met = sum(1 for f in judged if f["value"].get("meets"))
+    judged = len(judged)
+    return f"speed targets: {met} of {judged} measured meet: " + "; ".join(parts)
+
+
+def render(figures: dict) -> str:
+    def head(key):
+        f = figures.get(key)
+        return (f"measured {f['when']}, load average {f['load']}" if f else "not measured yet")
+
+    out = ["# Speed targets (issue 16)", "",
+           ("Written by `python benchmarks/targets.py` (see docs/benchmarks.md, \"The speed "
+            "targets, in one command\"); each figure keeps the date and load average it was "
+            "measured at. Figures taken on a loaded machine overstate every wall time: rerun "
+            "on a quiet one."), "",
+           "| target | figure | bound | verdict | measured |", "|---|---|---|---|---|"]
+
+    def row(key, label, figure, bound):
+        f = figures.get(key)
+        out.append(f"| {label} | {figure(f['value']) if f else '–'} | {bound} | "
+                   f"{verdict(f and f['value'])} | {head(key)} |")
+
+    def tox(v):
+        if v.get("wall") is None:
+            return "no total in the log"
+        return (f"{v['wall']:.0f} s ({len(v['envs'])} envs: {v['env_seconds']:.0f} s in all, "
+                f"setup {v['setup_seconds']:.0f} s of it; on {v['cores']} cores no schedule "
+                f"ends before {v['schedule_floor']:.0f} s)")
+
+    row("tox_cold", "1. full `tox -p`, cold", tox, "≤ 600 s")
+    row("tox_warm", "1. full `tox -p`, warm", tox, "≤ 180 s")
+    row("suite", "2. `pytest tests -n 2` (tox -e suite)",
+        lambda v: f"{v['wall']:.0f} s wall" + (f", {v['cpu']:.0f} CPU s" if v.get("cpu") else
+                                                f" ({v.get('source', '')})"), "≤ 180 s")
+    row("overhead", "3. NumPy runner overhead, isolated, warm",
+        lambda v: (f"x{v['ratio']:.2f} ({median(v['isolated']):.1f} s / bare "
+                   f"{median(v['bare']):.1f} s, {v['items']} items); in-process "
+                   f"x{v['in_process_ratio']:.2f}; floor x{v['floor_ratio']:.2f} (bare + "
+                   f"{v['in_case_seconds']:.1f} s inside the cases, in-process)"), "≤ x1.5")
+    for backend in FLOOR_BACKENDS:
+        row(f"floor_{backend}", f"4. {backend} against its floor",
+            lambda v: (f"x{v['ratio']:.2f} (run {v['suite_wall']:.1f} s / floor "
+                       f"{v['floor']:.1f} s: load {v['replay']['load_seconds']:.1f} s + "
+                       f"{v['replay']['calls']} calls {v['replay']['calls_seconds']:.1f} s; "
+                       f"topics: {v['topics'] if isinstance(v['topics'], str) else ', '.join(v['topics'])})"
+                       + (f"; programs compiled: run {v['suite_programs']} "
+                          f"({v['suite_compile_seconds']:.1f} s), floor {v['replay']['programs']} "
+                          f"({v['replay']['compile_seconds']:.1f} s)" if "suite_programs" in v else ""))
+            if "ratio" in v else v.get("skipped", "–"), "≤ x1.2")
+    out += ["", "## 5. Growth: the cost of each case family (NumPy, isolated)", ""]
+    growth = figures.get("growth")
+    if growth and growth["value"]:
+        out += [(f"Measured {growth['when']}, load average {growth['load']}. Cost = the "
+                 "topic's run minus a run of the same folder that selects nothing (start-up, "
+                 "backend load, spec load)."), "",
+                "| topic | quick cases | items | run s | selects-nothing s | ms a case | ms an item |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in growth["value"]:
+            out.append(f"| {r['topic']} | {r['cases']} | {r['items']} | {r['wall']:.2f} | "
+                       f"{r['base']:.2f} | {r['per_case_ms']:.1f} | {r['per_item_ms']:.2f} |")
+    else:
+        out.append("not measured yet")
+    notes = figures.get("notes", {}).get("value", {}).get("text") if figures.get("notes") else None
+    if notes:
+        out += ["", "## Notes", "", notes]
+    out += ["", "Summary line (what CI logs):", "", "```", summary_line(
+        {k: v for k, v in figures.items() if k != "notes"}), "```", ""]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default="suite,overhead,floor,growth",
+                   help="comma-separated: suite, overhead, floor, growth")
+    p.add_argument("--floor-backends", default=",".join(FLOOR_BACKENDS))
+    p.add_argument("--floor-topics", default=None,
+                   help="comma-separated topics for the floor runs (default: the whole spec)")
+    p.add_argument("--growth-topics", default=",".join(GROWTH_TOPICS))
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--spec", default=str(ROOT / "spec"))
+    p.add_argument("--tox-log", type=Path, help="the output of a `tox -p` run to read")
+    p.add_argument("--tox-kind", choices=("cold", "warm"), default="warm")
+    p.add_argument("--summary", action="store_true",
+                   help="print the summary line of the last figures and exit (CI)")
+    p.add_argument("--figures", type=Path, default=FIGURES)
+    p.add_argument("--output", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    args.floor_topics = args.floor_topics.split(",") if args.floor_topics else None
+    args.growth_topics = [t for t in args.growth_topics.split(",") if t]
+    figures = json.loads(args.figures.read_text()) if args.figures.exists() else {}
+
+    def keep(key, value):
+        figures[key] = {"value": value, "when": now(), "load": load()}
+
+    if args.tox_log:
+        tox = tox_figures(args.tox_log, args.tox_kind)
+        keep(f"tox_{args.tox_kind}", tox)
+        suite = tox["envs"].get("suite")
+        if suite and suite["status"] == "OK":     # the suite env's own seconds, setup included
+            keep("suite", {"wall": suite["seconds"], "cpu": None, "source": "tox -p (suite env)",
+                           "target": TARGETS["suite"], "meets": suite["seconds"] <= TARGETS["suite"]})
+    if args.summary:
+        print(summary_line({k: v for k, v in figures.items() if k != "notes"}))
+        return 0
+    targets = Targets(args)
+    only = set(args.only.split(",")) if args.only else set()
+    try:
+        if "suite" in only:
+            keep("suite", targets.suite())
+        if "overhead" in only:
+            keep("overhead", targets.overhead())
+        if "floor" in only:
+            for backend in args.floor_backends.split(","):
+                try:
+                    keep(f"floor_{backend}", targets.floor(backend))
+                except RuntimeError as exc:
+                    log(str(exc))
+        if "growth" in only:
+            keep("growth", targets.growth())
+    finally:
+        targets.close()
+        args.figures.write_text(json.dumps(figures, indent=1) + "\n")
+        args.output.write_text(render(figures), encoding="utf-8")
+    print(render(figures))
+    print(summary_line({k: v for k, v in figures.items() if k != "notes"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""benchmarks/targets.py reads tox's output as tox prints it, and the floor's recording
+replays the calls of a run (benchmarks/recording.py): the pieces CI and the benchmark use."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import targets  # noqa: E402
+
+sys.path.remove(str(ROOT / "benchmarks"))
+
+TOX = """\
+numpy: commands[0]> pytest spec/cases -q --backend numpy
+  numpy: OK (28.30=setup[10.20]+cmd[18.10] seconds)
+  jax: OK (193.12=setup[40.00]+cmd[153.12] seconds)
+  suite: OK (164.00=setup[20.00]+cmd[144.00] seconds)
+  report: FAIL code 1 (3.00=setup[1.00]+cmd[2.00] seconds)
+  evaluation failed :( (523.45 seconds)
+"""
+
+
+def test_a_tox_log_gives_the_total_and_each_environment(tmp_path):
+    (tmp_path / "tox.log").write_text(TOX)
+    found = targets.tox_figures(tmp_path / "tox.log", "cold")
+    assert found["wall"] == 523.45 and not found["ok"] and not found["meets"]
+    assert found["envs"]["jax"] == {"status": "OK", "seconds": 193.12, "setup": 40.0}
+    assert found["envs"]["report"]["status"] == "FAIL"
+    assert found["setup_seconds"] == 71.2
+    (tmp_path / "ok.log").write_text(TOX.replace("evaluation failed :(", "congratulations :)"))
+    assert targets.tox_figures(tmp_path / "ok.log", "cold")["meets"]          # <= 600 s
+    assert not targets.tox_figures(tmp_path / "ok.log", "warm")["meets"]      # > 180 s
+
+
+def test_the_summary_line_says_meets_misses_or_not_measured(tmp_path):
+    (tmp_path / "tox.log").write_text(TOX.replace("evaluation failed :(", "congratulations :)"))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "targets.py"), "--tox-log",
+         str(tmp_path / "tox.log"), "--tox-kind", "warm", "--summary",
+         "--figures", str(tmp_path / "none.json")], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert line.startswith("speed targets: 1 of 2 measured meet:"), line
+    assert "tox -p warm 523 s misses" in line and "suite 164 s meets" in line
+    assert "jax floor - not measured" in line
+
+
+def test_a_recorded_run_replays_every_call(tmp_path):
+    record = tmp_path / "record"
+    env = dict(os.environ, BENCH_RECORD_BACKEND="numpy", BENCH_RECORD_DIR=str(record))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(ROOT / "spec" / "cases"), "-q", "-p",
+         "no:cacheprovider", "--backend", f"{ROOT / 'benchmarks' / 'recording.py'}:Recording",
+         "-k", "wo-shi-xiao-gou", "--dtype", "float32"], capture_output=True, text=True,
+        timeout=300, env=env, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "backend 'numpy'" in done.stdout        # it declares what it wraps
+    recorded = (record / "calls.jsonl").read_text().splitlines()
+    assert recorded and {json.loads(r)["op"] for r in recorded} >= {"sdpa"}
+    replay = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recording.py"), "replay",
+                             "numpy", str(record)], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert replay.returncode == 0, replay.stderr
+    figures = json.loads(replay.stdout.strip().splitlines()[-1])
+    assert figures["calls"] == len(recorded) and figures["raised"] == 0
