@@ -10,7 +10,10 @@ here: the runner checks every output in its own process.
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -68,8 +71,19 @@ def serve_one(backend, request: dict):
     return {"outputs": result}
 
 
+def _end_with_the_runner(runner: int, every: float = 0.5) -> None:
+    """A daemon thread that ends this process once its runner has gone (killed, say), even
+    mid-call: the socket would tell only at the next read."""
+    def watch():
+        while os.getppid() == runner:
+            time.sleep(every)
+        os._exit(3)
+    threading.Thread(target=watch, name="runner-watch", daemon=True).start()
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _end_with_the_runner(os.getppid())
     conn = Connection(int(argv[0]))
     try:
         backend = load_backend(argv[1], argv[2] if len(argv) > 2 else None)

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,40 @@ def test_an_interrupted_run_writes_a_report_marked_incomplete(tmp_path, worked_e
     data = json.loads(report.read_text())
     assert data["complete"] is False and data["interrupted"] is True, out[-2000:]
     assert "INCOMPLETE" in out
+
+
+RUNNER = """
+import sys, numpy as np
+from attention_conformance.isolation import IsolatedBackend
+backend = IsolatedBackend(sys.argv[1])
+open(sys.argv[2], "w").write(str(backend._proc.pid))
+x = np.zeros((2, 2))
+backend.sdpa(x, x, x)
+"""
+
+
+def test_the_backend_process_ends_when_its_runner_is_killed(tmp_path):
+    """A runner killed mid-call (SIGKILL: nothing of it runs) leaves no backend behind."""
+    pid_file, marker = tmp_path / "worker.pid", tmp_path / "started"
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(FAULTY / "hangs.py:Hangs"),
+                               str(pid_file)], env={**os.environ, "FAULTY_HANGS_MARKER": str(marker)})
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline and runner.poll() is None:
+        time.sleep(0.05)
+    assert marker.exists(), "the hanging call never started"
+    worker = int(pid_file.read_text())
+    runner.kill()
+    runner.wait()
+    deadline = time.monotonic() + 30
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker), f"backend process {worker} outlived its runner"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:          # a zombie has ended; only its entry is left
+        return f.read().split(") ")[-1][0] != "Z"
