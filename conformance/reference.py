@@ -189,6 +189,19 @@ def _weights(s, keep, policy):
     return _empty_rows(p, only_neg_inf, policy["neg_inf_bias_rows"])
 
 
+def _nan_rows(s, keep, policy):
+    """Rows emptied by mask, causal, window or a -inf bias whose policy choice is nan.
+
+    Their weights are NaN, and IEEE arithmetic carries that through the backward pass of
+    a plain implementation: dS = P (dP - rowsum(dP P)) is NaN on the whole row, so dq of
+    the row and dk = dS^T Q of every key are NaN, as dV = P^T dO is (docs/interface.md).
+    """
+    no_key = ~np.any(keep, axis=-1, keepdims=True)
+    only_neg_inf = ~no_key & np.all(np.where(keep, s == -np.inf, True), axis=-1, keepdims=True)
+    return ((no_key & (policy["fully_masked_rows"] == "nan"))
+            | (only_neg_inf & (policy["neg_inf_bias_rows"] == "nan")))
+
+
 def _empty_rows(p, rows, choice):
     if not np.any(rows):
         return p
@@ -304,7 +317,7 @@ def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
         ds = _r(p * _r(dp - row))
         if _ROUNDING.get() is not None:
             ds = _one_rounding_off(ds, p * (np.abs(dp) + np.abs(row)))
-        ds = np.where(keep, ds, 0.0)
+        ds = np.where(keep | _nan_rows(s, keep, policy), ds, 0.0)
         if softcap is not None:
             raw = _logits(q[..., rows, :], k, scale=scale, softcap=None, bias=None)
             ds = _r(ds * _r(1.0 - np.tanh(raw / softcap) ** 2))
