@@ -1,9 +1,10 @@
-"""The expectations of a case, judged on one run: golden, exact, properties, statistic,
+"""The expectations of a case, judged on one run: golden, exact, close, properties, statistic,
 and the outcome under the backend's declared policy. judge() runs them all and raises
 one CheckFailure that lists every broken expectation."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,6 +81,39 @@ def check_exact(ctx: Context, exact: dict, policy=None) -> None:
         raise CheckFailure("\n".join(problems))
 
 
+def close_tolerance(value, dtype, rule, entry) -> float:
+    """The absolute tolerance of a `close` entry: its `atol`, or half a unit in the last
+    written digit of the largest |value| plus the rule's rounding of it in the dtype."""
+    if "atol" in entry:
+        return float(entry["atol"])
+    largest = float(np.max(np.abs(value), initial=0.0))
+    exponent = math.floor(math.log10(largest)) if largest > 0 else 0
+    written = 0.5 * 10.0 ** (exponent - entry["digits"] + 1)
+    return written + rule.multiplier * rule.unit_roundoff[dtype] * largest
+
+
+def check_close(ctx: Context, close: dict, policy=None) -> None:
+    """Each `close` target within its tolerance of its value (docs/writing-cases.md)."""
+    problems = []
+    n = digits(ctx.dtype)
+    for text, entry in close.items():
+        _, _, actual = target(ctx, text)
+        value = np.array(entry["value"], dtype=np.float64)
+        tolerance = close_tolerance(value, ctx.dtype, ctx.tolerances, entry)
+        expected = np.broadcast_to(value, np.shape(actual))
+        with np.errstate(invalid="ignore"):
+            error = np.abs(np.asarray(actual) - expected)
+        bad = ~(error <= tolerance)                     # NaN is never close
+        if np.any(bad):
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            got, want = np.asarray(actual)[where], expected[where]
+            problems.append(f"close {text}{_policy_label(policy)}: got {float(got):.{n}g} at "
+                            f"{list(where)} of the selection, expected {float(want)!r} "
+                            f"within {tolerance:.3g}")
+    if problems:
+        raise CheckFailure("\n".join(problems))
+
+
 def check_properties(ctx: Context, properties, policy=None) -> None:
     problems = []
     for prop in properties:
@@ -96,7 +130,7 @@ def check_outcome(ctx: Context, outcome: dict, policy=None) -> float:
     """Every part of one outcome (golden, exact, properties), each checked even when
     another fails; the worst golden error / tolerance."""
     ratio, problems = 0.0, []
-    for part in (_golden_part, _exact_part, _properties_part):
+    for part in (_golden_part, _exact_part, _close_part, _properties_part):
         try:
             ratio = max(ratio, part(ctx, outcome, policy))
         except CheckFailure as exc:
@@ -115,6 +149,12 @@ def _golden_part(ctx, outcome, policy):
 def _exact_part(ctx, outcome, policy):
     if outcome.get("exact"):
         check_exact(ctx, outcome["exact"], policy)
+    return 0.0
+
+
+def _close_part(ctx, outcome, policy):
+    if outcome.get("close"):
+        check_close(ctx, outcome["close"], policy)
     return 0.0
 
 

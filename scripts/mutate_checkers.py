@@ -68,6 +68,7 @@ def mutants() -> list[Mutant]:
               for name in STATISTICS]
     found += [
         Mutant("check_exact", "no-op", CHECKER_TESTS),
+        Mutant("check_close", "no-op", CHECKER_TESTS),
         Mutant("check_golden", "no-op (ratio 0)", CHECKER_TESTS),
         Mutant("check_properties", "no-op", CHECKER_TESTS),
         Mutant("check_statistics", "no-op", CHECKER_TESTS),
@@ -114,7 +115,7 @@ def _apply(name: str) -> None:
         PROPERTIES[rest] = _noop_like(PROPERTIES[rest])
     elif kind == "statistic":
         STATISTICS[rest] = _noop_like(STATISTICS[rest], 0.0)
-    elif name in ("check_exact", "check_properties"):
+    elif name in ("check_exact", "check_close", "check_properties"):
         setattr(checks, name, _noop_like(getattr(checks, name)))
     elif name in ("check_golden", "check_statistics", "policy_outcome", "check_outcome"):
         setattr(checks, name, _noop_like(getattr(checks, name), 0.0))

@@ -138,6 +138,16 @@ cases:
     expect:
       golden: true
       exact: {"[0]": {input: v, at: "[0]"}}
+  - id: meta-close-softmax
+    description: softmax of (5, 2, 1, 2) is about (0.8945, 0.0445, 0.0164, 0.0445)
+    source: tests/test_checkers.py
+    op: softmax
+    inputs:
+      x: {values: [[5, 2, 1, 2]]}
+    dtypes: [float64, float16]
+    expect:
+      golden: true
+      close: {"[0]": {value: [0.8945, 0.0445, 0.0164, 0.0445], digits: 4}, "[0, 1]": {value: 0.04454, atol: 1.0e-4}}
   - id: meta-nan-row
     description: a NaN score makes its whole row NaN
     source: tests/test_checkers.py
@@ -314,6 +324,10 @@ def exact(ctx):
     return checks.check_exact(ctx, ctx.case.expect["exact"])
 
 
+def close(ctx):
+    return checks.check_close(ctx, ctx.case.expect["close"])
+
+
 def golden(ctx):
     return checks.check_golden(ctx)
 
@@ -455,6 +469,24 @@ SCENARIOS = {
         "check_exact", exact,
         Run("meta-nan-row"), Run("meta-nan-row", tamper=setting((1, 3), 0.25)),
         ("exact [1]: got 0.25 at [3] of the selection, expected exactly nan",)),
+    # --- close ----------------------------------------------------------------------
+    "close, digits": Scenario(
+        "check_close", close,
+        Run("meta-close-softmax"), Run("meta-close-softmax", tamper=adding((0, 0), 1e-4)),
+        ("close [0]: got 0.8946425763", "at [0] of the selection, expected 0.8945 within 5e-05",)),
+    "close, digits in float16": Scenario(
+        "check_close", close,
+        Run("meta-close-softmax", dtype="float16"),
+        Run("meta-close-softmax", dtype="float16", tamper=adding((0, 2), 0.003)),
+        ("close [0]: got", "at [2] of the selection, expected 0.0164 within 0.0018",)),
+    "close, atol": Scenario(
+        "check_close", close,
+        Run("meta-close-softmax"), Run("meta-close-softmax", tamper=adding((0, 1), 2e-4)),
+        ("close [0, 1]: got 0.0447366", "expected 0.04454 within 0.0001",)),
+    "close NaN": Scenario(
+        "check_close", close,
+        Run("meta-close-softmax"), Run("meta-close-softmax", tamper=setting((0, 3), np.nan)),
+        ("close [0]: got nan at [3] of the selection",)),
     # --- golden ---------------------------------------------------------------------
     "golden within / beyond its tolerance": Scenario(
         "check_golden", golden,
@@ -516,12 +548,12 @@ SCENARIOS = {
 }
 
 #: checkers that are not registries, and the branches each must have a scenario for
-NAMED_CHECKERS = ("check_exact", "check_golden", "policy_outcome")
+NAMED_CHECKERS = ("check_exact", "check_close", "check_golden", "policy_outcome")
 BRANCHES = ("golden NaN pattern (NaN where the golden is finite)",
             "golden NaN pattern (finite where the golden is NaN)",
             "golden inf pattern (sign)", "golden inf pattern (finite where the golden is inf)",
             "policy: the backend declares no choice", "policy: a choice the case does not allow",
-            "exact NaN", "exact slice of an input")
+            "exact NaN", "exact slice of an input", "close NaN", "close, atol")
 
 
 # --- building contexts ------------------------------------------------------------------
