@@ -175,7 +175,7 @@ def _one_rounding_off(s, magnitude=0.0):
 def _weights(s, keep, policy):
     """Softmax over keys of the scores s, with disallowed keys (keep False) at zero."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        if policy["masked_key_nan"] == "ignored":
+        if policy["masked_key_nan"] in ("ignored", "per_row"):    # per_row may ignore it
             masked = np.where(keep, s, -np.inf)
         else:
             masked = s + np.where(keep, 0.0, -np.inf)

@@ -69,6 +69,7 @@ def mutants() -> list[Mutant]:
     found += [
         Mutant("check_exact", "no-op", CHECKER_TESTS),
         Mutant("check_close", "no-op", CHECKER_TESTS),
+        Mutant("check_rows_or_nan", "no-op (ratio 0)", CHECKER_TESTS),
         Mutant("check_golden", "no-op (ratio 0)", CHECKER_TESTS),
         Mutant("check_properties", "no-op", CHECKER_TESTS),
         Mutant("check_statistics", "no-op", CHECKER_TESTS),
@@ -117,7 +118,8 @@ def _apply(name: str) -> None:
         STATISTICS[rest] = _noop_like(STATISTICS[rest], 0.0)
     elif name in ("check_exact", "check_close", "check_properties"):
         setattr(checks, name, _noop_like(getattr(checks, name)))
-    elif name in ("check_golden", "check_statistics", "policy_outcome", "check_outcome"):
+    elif name in ("check_golden", "check_statistics", "policy_outcome", "check_outcome",
+                  "check_rows_or_nan"):
         setattr(checks, name, _noop_like(getattr(checks, name), 0.0))
     elif name == "policy_outcome:any-choice":
         original = checks.policy_outcome

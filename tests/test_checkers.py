@@ -185,6 +185,37 @@ cases:
           zeros: {golden: true, exact: {"[1]": 0}}
           uniform: {golden: true}
           nan: {golden: true}
+  - id: meta-nan-masked-key
+    description: a NaN in key 3, masked for every query
+    source: tests/test_checkers.py
+    op: sdpa
+    inputs:
+      q: {normal: {shape: [3, 4], seed: 25}}
+      k: {normal: {shape: [4, 4], seed: 26}, set: [{at: "[3, :]", value: .nan}]}
+      v: {normal: {shape: [4, 2], seed: 27}}
+      mask: {full: {shape: [3, 4], value: true}, set: [{at: "[:, 3]", value: false}]}
+    dtypes: [float64]
+    expect:
+      policy:
+        masked_key_nan:
+          ignored: {golden: true}
+          propagates: {golden: true, exact: {"[...]": .nan}}
+  - id: meta-nan-masked-key-vjp
+    description: gradients with a NaN in element 1 of key 3, masked for every query
+    source: tests/test_checkers.py
+    op: sdpa_vjp
+    inputs:
+      q: {normal: {shape: [3, 4], seed: 25}}
+      k: {normal: {shape: [4, 4], seed: 26}, set: [{at: "[3, 1]", value: .nan}]}
+      v: {normal: {shape: [4, 2], seed: 27}}
+      d_out: {normal: {shape: [3, 2], seed: 28}}
+      mask: {full: {shape: [3, 4], value: true}, set: [{at: "[:, 3]", value: false}]}
+    dtypes: [float64]
+    expect:
+      policy:
+        masked_key_nan:
+          ignored: {golden: true}
+          propagates: {exact: {"dq[:, 1]": .nan}}
   - id: meta-empty-row-policy-no-nan
     description: the second query may see no key; NaN is not allowed here
     source: tests/test_checkers.py
@@ -355,6 +386,17 @@ def scaling(index, factor):
 def adding(index, amount):
     def tamper(ctx, outputs):
         outputs["out"][index] += amount(ctx) if callable(amount) else amount
+        return outputs
+    return tamper
+
+
+def in_dq(index, value, add=False):
+    """Tamper: dq[index] = value (or += value)."""
+    def tamper(ctx, outputs):
+        if add:
+            outputs["dq"][index] += value
+        else:
+            outputs["dq"][index] = value
         return outputs
     return tamper
 
@@ -545,10 +587,35 @@ SCENARIOS = {
             policy=("fully_masked_rows", "nan")),
         ("policy fully_masked_rows: the backend declares 'nan', which this case does not"
          " allow (zeros, uniform)",)),
+    "policy: per_row, a row NaN or the ignored result": Scenario(
+        "check_rows_or_nan", policy,
+        Run("meta-nan-masked-key", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored"), tamper=setting((1, slice(None)), np.nan)),
+        Run("meta-nan-masked-key", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored"), tamper=setting((1, 0), np.nan)),
+        ("policy masked_key_nan=per_row: out row [1] is partly NaN (1 of 2): a row is NaN in"
+         " every element or the ignored result",)),
+    "policy: per_row, a row without NaN is off": Scenario(
+        "check_rows_or_nan", policy,
+        Run("meta-nan-masked-key", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored")),
+        Run("meta-nan-masked-key", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored"), tamper=adding((2, 1), 0.5)),
+        ("policy masked_key_nan=per_row: out (rows without NaN vs the ignored golden): worst"
+         " abs error 0.5 at [2, 1]",)),
+    "policy: per_row, gradients element by element": Scenario(
+        "check_rows_or_nan", policy,
+        Run("meta-nan-masked-key-vjp", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored"), tamper=in_dq((slice(None), 1), np.nan)),
+        Run("meta-nan-masked-key-vjp", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored"), tamper=in_dq((0, 0), 1.0, add=True)),
+        ("policy masked_key_nan=per_row: dq (rows without NaN vs the ignored golden): worst"
+         " abs error 1 at [0, 0]",)),
 }
 
 #: checkers that are not registries, and the branches each must have a scenario for
-NAMED_CHECKERS = ("check_exact", "check_close", "check_golden", "policy_outcome")
+NAMED_CHECKERS = ("check_exact", "check_close", "check_golden", "policy_outcome",
+                  "check_rows_or_nan")
 BRANCHES = ("golden NaN pattern (NaN where the golden is finite)",
             "golden NaN pattern (finite where the golden is NaN)",
             "golden inf pattern (sign)", "golden inf pattern (finite where the golden is inf)",
