@@ -251,6 +251,7 @@ class TorchBackend:
         # blocks, so only the rows whose visited blocks hold the NaN get it
         "masked_key_nan": "per_row",
         "masked_value_nan": "propagates",
+        "accumulation": "float32",
     }
     paths = {
         "softmax": "native: torch.softmax",

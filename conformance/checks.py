@@ -33,12 +33,19 @@ def _policy_label(policy):
     return f" under {policy[0]}={policy[1]}" if policy else ""
 
 
+def accumulation(ctx: Context) -> str:
+    """The backend's declared accumulation tier (`input` when it declares none)."""
+    declared = getattr(ctx.backend, "policy", {}) or {}
+    return declared.get("accumulation") or "input"
+
+
 def check_golden(ctx: Context, policy=None) -> float:
     """Compare every output with its golden; return the worst error / tolerance."""
     rule = ctx.tolerances
     worst, problems = 0.0, []
+    tier = accumulation(ctx)
     for name, (gold, plain_error) in ctx.golden.get(ctx.case, ctx.variant, ctx.dtype,
-                                                    policy).items():
+                                                    policy, tier).items():
         result = compare(ctx.outputs[name], gold, rule.output(ctx.dtype, plain_error, gold))
         worst = max(worst, result.ratio)
         if not result.ok:
@@ -46,7 +53,10 @@ def check_golden(ctx: Context, policy=None) -> float:
                 f"golden {name}{_policy_label(policy)}: {result.describe(ctx.dtype)}"
                 + ("" if result.pattern else
                    f"; tolerance {result.tolerance:.3g} = {rule.multiplier:g} x max(plain"
-                   f" {ctx.dtype} error {plain_error:.3g}, u x max|golden|)"))
+                   f" {ctx.dtype} error {plain_error:.3g}"
+                   + (", float32 accumulation" if tier == "float32"
+                      and ctx.dtype in ("float16", "bfloat16") else "")
+                   + ", u x max|golden|)"))
     if problems:
         raise CheckFailure("\n".join(problems))
     return worst
@@ -174,7 +184,7 @@ def check_rows_or_nan(ctx: Context, policy) -> float:
     worst, problems = 0.0, []
     by_element = ctx.case.op == "sdpa_vjp"          # the gradients
     for name, (gold, plain_error) in ctx.golden.get(ctx.case, ctx.variant, ctx.dtype,
-                                                    policy).items():
+                                                    policy, accumulation(ctx)).items():
         actual = np.asarray(ctx.outputs[name])
         if actual.ndim == 0:
             actual, gold = actual[None], np.asarray(gold)[None]

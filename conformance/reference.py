@@ -32,13 +32,22 @@ BLOCK = 256
 _ROUNDING = contextvars.ContextVar("rounding", default=None)
 
 
+#: where products and sums accumulate under rounded_to: None (the dtype, as numpy does
+#: it) or "float32" (the accumulation tier of spec/tolerances.yaml)
+_ACCUMULATE = contextvars.ContextVar("accumulate", default=None)
+
+
 @contextlib.contextmanager
-def rounded_to(dtype: str | None):
-    """Round every intermediate result to ``dtype`` (None: plain float64)."""
+def rounded_to(dtype: str | None, accumulate: str | None = None):
+    """Round every intermediate result to ``dtype`` (None: plain float64); with
+    ``accumulate="float32"`` matrix products and sums of dtype-rounded operands are
+    accumulated in float32, their results rounded to ``dtype``."""
     token = _ROUNDING.set(None if dtype in (None, "float64") else dtype)
+    wide = _ACCUMULATE.set(accumulate)
     try:
         yield
     finally:
+        _ACCUMULATE.reset(wide)
         _ROUNDING.reset(token)
 
 
@@ -53,6 +62,9 @@ def _mm(a, b):
     if dtype is None:
         return a @ b
     dt = numpy_dtype(dtype)
+    if _ACCUMULATE.get() == "float32":
+        wide = np.matmul(a.astype(dt).astype(np.float32), b.astype(dt).astype(np.float32))
+        return round_to(wide.astype(np.float64), dtype)
     return np.matmul(a.astype(dt), b.astype(dt)).astype(np.float64)
 
 
@@ -61,6 +73,9 @@ def _sum(x, axis):
     dtype = _ROUNDING.get()
     if dtype is None:
         return np.sum(x, axis=axis, keepdims=True)
+    if _ACCUMULATE.get() == "float32":
+        wide = np.sum(x.astype(numpy_dtype(dtype)).astype(np.float32), axis=axis, keepdims=True)
+        return round_to(wide.astype(np.float64), dtype)
     return np.sum(x.astype(numpy_dtype(dtype)), axis=axis, keepdims=True).astype(np.float64)
 
 

@@ -23,7 +23,7 @@ from .indexing import parse_index, split_target
 from .inputs import build_inputs, planned_shapes
 from .ops import OPS, output_shapes
 from .shapes import score_shape
-from .policies import POLICIES
+from .policies import POLICIES, TOLERANCE_POLICIES
 from .properties import PROPERTIES
 from .spec_yaml import SpecError
 from .statistics import STATISTICS
@@ -369,6 +369,10 @@ def _check_policies(case) -> list[str]:
     """Each policy branch names a choice of that policy (the schema only knows all names)."""
     problems = []
     for name, choices in case.expect.get("policy", {}).items():
+        if name in TOLERANCE_POLICIES:
+            problems.append(f"policy {name} sets the tolerance tier of golden comparisons "
+                            "(spec/tolerances.yaml); a case gives no outcome for it")
+            continue
         allowed = POLICIES.get(name, ())
         problems += [f"policy {name} has no choice {choice!r} (its choices: {', '.join(allowed)})"
                      for choice in choices if choice not in allowed]

@@ -80,6 +80,8 @@ def mutants() -> list[Mutant]:
         Mutant("judge", "no-op (an empty Result)", CHECKER_TESTS),
         Mutant("compare:no-tolerance", "every comparison is ok", CHECKER_TESTS),
         Mutant("worst_error:no-patterns", "NaN and inf positions ignored", CHECKER_TESTS),
+        Mutant("accumulation:ignored", "every backend judged in the input tier",
+               CHECKER_TESTS),
         Mutant("spec_cache.read", "always a miss (None)", CACHE_TESTS),
         Mutant("spec_cache.write", "stores nothing", CACHE_TESTS),
         Mutant("spec_cache.file_key:no-bytes", "the key ignores the file's bytes", CACHE_TESTS),
@@ -133,6 +135,8 @@ def _apply(name: str) -> None:
         checks.judge = _noop_like(checks.judge, checks.Result())
     elif name == "compare:no-tolerance":
         comparison.Comparison.ok = property(lambda self: True)
+    elif name == "accumulation:ignored":
+        checks.accumulation = lambda ctx: "input"
     elif name == "worst_error:no-patterns":
         def finite_only(actual, expected_):
             both = np.isfinite(actual) & np.isfinite(expected_)

@@ -216,6 +216,17 @@ cases:
         masked_key_nan:
           ignored: {golden: true}
           propagates: {exact: {"dq[:, 1]": .nan}}
+  - id: meta-sdpa-long-half
+    description: float16 sdpa over 256 keys, whose two tolerance tiers differ
+    source: tests/test_checkers.py
+    op: sdpa
+    inputs:
+      q: {normal: {shape: [2, 8], seed: 29, std: 0.3}}
+      k: {normal: {shape: [256, 8], seed: 30, std: 0.3}}
+      v: {normal: {shape: [256, 4], seed: 31, mean: 4.0}}
+    dtypes: [float16]
+    expect:
+      golden: true
   - id: meta-empty-row-policy-no-nan
     description: the second query may see no key; NaN is not allowed here
     source: tests/test_checkers.py
@@ -406,6 +417,16 @@ def tolerance_of(ctx, name="out"):
     return ctx.tolerances.output(ctx.dtype, plain_error, gold)
 
 
+def between_tiers(ctx, name="out"):
+    """An error above the float32 tier's tolerance and below the input tier's."""
+    gold, tight = ctx.golden.get(ctx.case, ctx.variant, ctx.dtype, None, "float32")[name]
+    _, loose = ctx.golden.get(ctx.case, ctx.variant, ctx.dtype, None, "input")[name]
+    low = ctx.tolerances.output(ctx.dtype, tight, gold)
+    high = ctx.tolerances.output(ctx.dtype, loose, gold)
+    assert 2 * low < high, (low, high)
+    return (low + high) / 2
+
+
 def above_hull(ctx):
     return float(np.max(ctx.exact_inputs["v"][0, :, 0])) + 1.0
 
@@ -540,6 +561,21 @@ SCENARIOS = {
         Run("meta-softmax", dtype="float32", backend=NumpyBackend(), own=True),
         Run("meta-softmax", dtype="float32", backend=SoftmaxPlusOne(), own=True),
         ("golden out: worst abs error", "plain float32 error")),
+    "golden float32 accumulation tier": Scenario(
+        "check_golden", golden,
+        Run("meta-sdpa-long-half", dtype="float16", backend=Declares(accumulation="input"),
+            tamper=adding((1, 2), between_tiers)),
+        Run("meta-sdpa-long-half", dtype="float16", backend=Declares(accumulation="float32"),
+            tamper=adding((1, 2), between_tiers)),
+        ("golden out: worst abs error", "at [1, 2]",
+         "plain float16 error", "float32 accumulation, u x max|golden|)")),
+    "golden: no accumulation declared is the input tier": Scenario(
+        "check_golden", golden,
+        Run("meta-sdpa-long-half", dtype="float16", backend=Declares(),
+            tamper=adding((1, 2), between_tiers)),
+        Run("meta-sdpa-long-half", dtype="float16", backend=Declares(),
+            tamper=adding((1, 2), lambda ctx: 3 * between_tiers(ctx))),
+        ("golden out: worst abs error", "at [1, 2]", "plain float16 error")),
     "golden NaN pattern (NaN where the golden is finite)": Scenario(
         "check_golden", golden,
         Run("meta-nan-row"), Run("meta-nan-row", tamper=setting((0, 0), np.nan)),
@@ -620,7 +656,8 @@ BRANCHES = ("golden NaN pattern (NaN where the golden is finite)",
             "golden NaN pattern (finite where the golden is NaN)",
             "golden inf pattern (sign)", "golden inf pattern (finite where the golden is inf)",
             "policy: the backend declares no choice", "policy: a choice the case does not allow",
-            "exact NaN", "exact slice of an input", "close NaN", "close, atol")
+            "exact NaN", "exact slice of an input", "close NaN", "close, atol",
+            "golden float32 accumulation tier")
 
 
 # --- building contexts ------------------------------------------------------------------

@@ -79,6 +79,7 @@ class Tiled:
             "neg_inf_bias_rows": "zeros",
             "masked_key_nan": "ignored",
             "masked_value_nan": "propagates",
+            "accumulation": "float32",
         }
 
     # ------------------------------------------------------------------ dtypes
