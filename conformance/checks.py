@@ -14,6 +14,7 @@ from .context import Context
 from .dtypes import round_to
 from .golden_store import GoldenError
 from .indexing import parse_index, split_target
+from .interface import policy_for
 from .ops import OPS
 from .outcomes import CheckFailure
 from .policies import ROW_BY_ROW
@@ -34,9 +35,16 @@ def _policy_label(policy):
 
 
 def accumulation(ctx: Context) -> str:
-    """The backend's declared accumulation tier (`input` when it declares none)."""
-    declared = getattr(ctx.backend, "policy", {}) or {}
-    return declared.get("accumulation") or "input"
+    """The backend's declared accumulation tier for this op (`input` when it declares none)."""
+    return policy_for(ctx.backend, ctx.case.op).get("accumulation") or "input"
+
+
+def _golden(ctx: Context, policy, tier) -> dict:
+    """output -> (golden, plain error) in the tier; a store that knows one tier only (a
+    golden source of its own with get(case, variant, dtype, policy)) serves the input one."""
+    if tier == "float32":
+        return ctx.golden.get(ctx.case, ctx.variant, ctx.dtype, policy, accumulation=tier)
+    return ctx.golden.get(ctx.case, ctx.variant, ctx.dtype, policy)
 
 
 def check_golden(ctx: Context, policy=None) -> float:
@@ -44,8 +52,7 @@ def check_golden(ctx: Context, policy=None) -> float:
     rule = ctx.tolerances
     worst, problems = 0.0, []
     tier = accumulation(ctx)
-    for name, (gold, plain_error) in ctx.golden.get(ctx.case, ctx.variant, ctx.dtype,
-                                                    policy, tier).items():
+    for name, (gold, plain_error) in _golden(ctx, policy, tier).items():
         result = compare(ctx.outputs[name], gold, rule.output(ctx.dtype, plain_error, gold))
         worst = max(worst, result.ratio)
         if not result.ok:
@@ -183,8 +190,7 @@ def check_rows_or_nan(ctx: Context, policy) -> float:
     rule = ctx.tolerances
     worst, problems = 0.0, []
     by_element = ctx.case.op == "sdpa_vjp"          # the gradients
-    for name, (gold, plain_error) in ctx.golden.get(ctx.case, ctx.variant, ctx.dtype,
-                                                    policy, accumulation(ctx)).items():
+    for name, (gold, plain_error) in _golden(ctx, policy, accumulation(ctx)).items():
         actual = np.asarray(ctx.outputs[name])
         if actual.ndim == 0:
             actual, gold = actual[None], np.asarray(gold)[None]
@@ -211,7 +217,7 @@ def check_rows_or_nan(ctx: Context, policy) -> float:
 def policy_outcome(ctx: Context, policies: dict) -> float:
     """Check the outcome the case expects under the backend's declared choice."""
     ratio = 0.0
-    declared = getattr(ctx.backend, "policy", {}) or {}
+    declared = policy_for(ctx.backend, ctx.case.op)      # op_policy overrides policy
     for name, choices in policies.items():
         choice = declared.get(name)
         if choice is None:

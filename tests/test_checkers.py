@@ -273,6 +273,14 @@ class Declares(NumpyBackend):
         self.policy = dict(policy)
 
 
+class DeclaresPerOp(Declares):
+    """Declares `policy`, and op_policy overriding it for sdpa."""
+
+    def __init__(self, op_policy, **policy):
+        super().__init__(**policy)
+        self.op_policy = op_policy
+
+
 class PositionalLeak(NumpyBackend):
     """Adds a term that depends on the query's position: not permutation equivariant."""
 
@@ -606,6 +614,17 @@ SCENARIOS = {
         Run("meta-empty-row-policy", backend=Declares(fully_masked_rows="nan"),
             policy=("fully_masked_rows", "nan")),
         Run("meta-empty-row-policy", backend=Declares(fully_masked_rows="nan"),
+            policy=("fully_masked_rows", "zeros")),
+        ("golden out under fully_masked_rows=nan: NaN pattern differs at [1, 0]",)),
+    "policy: op_policy overrides policy for its op": Scenario(
+        "policy_outcome", policy,
+        Run("meta-empty-row-policy",
+            backend=DeclaresPerOp({"sdpa": {"fully_masked_rows": "nan"}},
+                                  fully_masked_rows="zeros"),
+            policy=("fully_masked_rows", "nan")),
+        Run("meta-empty-row-policy",
+            backend=DeclaresPerOp({"sdpa": {"fully_masked_rows": "nan"}},
+                                  fully_masked_rows="zeros"),
             policy=("fully_masked_rows", "zeros")),
         ("golden out under fully_masked_rows=nan: NaN pattern differs at [1, 0]",)),
     "policy: the backend declares no choice": Scenario(
