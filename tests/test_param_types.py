@@ -49,3 +49,14 @@ def test_multi_head_attention_broadcasts_the_batch_dims_of_query_key_and_value()
     [out] = reference.run("multi_head_attention", arrays, params)
     alone = reference.run("multi_head_attention", dict(arrays, query=arrays["query"][1]), params)[0]
     assert out.shape == (2, 3, 6) and np.allclose(out[1], alone)
+
+
+def test_the_api_gives_both_tolerance_tiers():
+    from attention_conformance.api import load_case
+
+    case = load_case("precision-pv-sum-over-1024-keys")
+    for dtype in ("float16", "bfloat16"):
+        loose = case.tolerance(dtype)["out"]
+        tight = case.tolerance(dtype, accumulation="float32")["out"]
+        assert tight < loose / 2, (dtype, tight, loose)
+    assert case.tolerance("float32") == case.tolerance("float32", accumulation="float32")
