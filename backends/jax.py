@@ -387,6 +387,7 @@ class JaxBackend:
         "neg_inf_bias_rows": "nan",
         "masked_key_nan": "ignored",
         "masked_value_nan": "propagates",
+        "accumulation": "float32",
     }
     paths = {
         "softmax": "native: jax.nn.softmax",

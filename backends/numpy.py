@@ -207,6 +207,7 @@ class NumpyBackend:
             "neg_inf_bias_rows": "nan",
             "masked_key_nan": "ignored",
             "masked_value_nan": "propagates",
+            "accumulation": "float32",
         }
 
     def softmax(self, x, axis=-1):

@@ -46,6 +46,7 @@ class OnnxReferenceBackend(OnnxAttention):
         "neg_inf_bias_rows": "zeros",
         "masked_key_nan": "propagates",
         "masked_value_nan": "propagates",
+        "accumulation": "input",
     }
     paths = {
         "softmax": "native: a Softmax node",

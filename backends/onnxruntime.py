@@ -54,6 +54,7 @@ class OnnxruntimeBackend(OnnxAttention):
         "neg_inf_bias_rows": "zeros",
         "masked_key_nan": "propagates",
         "masked_value_nan": "propagates",
+        "accumulation": "float32",
     }
     paths = {
         "softmax": "native: a Softmax node",

@@ -292,6 +292,7 @@ class TensorflowBackend:
         "masked_key_nan": "ignored",
         # P·V multiplies the masked value by weight 0, and 0·NaN is NaN.
         "masked_value_nan": "propagates",
+        "accumulation": "input",
     }
     paths = {
         "softmax": "native: keras.ops.softmax",

@@ -246,8 +246,12 @@ class TorchBackend:
     policy = {
         "fully_masked_rows": "zeros",
         "neg_inf_bias_rows": "zeros",
-        "masked_key_nan": "propagates",
+        # per_row: the math kernel propagates a NaN key to every row; the CPU flash
+        # kernel torch picks for 4-D inputs with Dk == Dv skips causally hidden key
+        # blocks, so only the rows whose visited blocks hold the NaN get it
+        "masked_key_nan": "per_row",
         "masked_value_nan": "propagates",
+        "accumulation": "float32",
     }
     paths = {
         "softmax": "native: torch.softmax",

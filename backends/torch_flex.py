@@ -147,6 +147,7 @@ class TorchFlexBackend(TorchBackend):
         "neg_inf_bias_rows": "zeros",
         "masked_key_nan": "ignored",
         "masked_value_nan": "propagates",
+        "accumulation": "float32",
     }
 
     def __init__(self, device=None, compiled=None):

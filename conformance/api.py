@@ -169,7 +169,7 @@ class GoldenCase:
         args = [arrays.pop(name) for name in self.positional]
         return args, {**arrays, **self.params}
 
-    def _golden(self, dtype, variant, policy):
+    def _golden(self, dtype, variant, policy, accumulation="input"):
         policy = _policy_key(policy)
         known = list(golden_entries(self.case))
         if not known:
@@ -179,7 +179,8 @@ class GoldenCase:
             choices = [f"{p[0]}={p[1]}" if p else "None" for p in known]
             raise LookupError(f"case {self.id!r} has no golden output for policy "
                               f"{policy!r}; it has: {', '.join(choices)}")
-        return self.store.get(self.case, self._variant(variant), self._dtype(dtype), policy)
+        return self.store.get(self.case, self._variant(variant), self._dtype(dtype), policy,
+                              accumulation)
 
     def expected(self, dtype: str = "float64", variant=None, policy=None) -> dict[str, np.ndarray]:
         """output name -> the float64 reference output for the inputs of this dtype.
@@ -187,22 +188,26 @@ class GoldenCase:
         policy: for a case whose outcome is a declared choice, 'NAME=CHOICE'."""
         return {n: np.array(g) for n, (g, _) in self._golden(dtype, variant, policy).items()}
 
-    def tolerance(self, dtype: str = "float64", variant=None, policy=None) -> dict[str, float]:
-        """output name -> the largest absolute error allowed at a finite position."""
+    def tolerance(self, dtype: str = "float64", variant=None, policy=None,
+                  accumulation: str = "input") -> dict[str, float]:
+        """output name -> the largest absolute error allowed at a finite position;
+        accumulation="float32": the float32 tier (float16, bfloat16; spec/tolerances.yaml)."""
         rule = self.store.tolerances
         return {n: rule.output(dtype, err, g)
-                for n, (g, err) in self._golden(dtype, variant, policy).items()}
+                for n, (g, err) in self._golden(dtype, variant, policy, accumulation).items()}
 
-    def check(self, outputs, dtype: str = "float64", variant=None, policy=None) -> dict:
+    def check(self, outputs, dtype: str = "float64", variant=None, policy=None,
+              accumulation: str = "input") -> dict:
         """Compare outputs (a dict by output name, a tuple, or one array) with the golden
         ones; return output -> error / tolerance, raise AssertionError beyond 1.
 
-        NaN and inf must sit where the golden output has them."""
+        NaN and inf must sit where the golden output has them; `accumulation` picks the
+        tolerance tier, as a backend's policy of that name does."""
         if not isinstance(outputs, dict):
             outputs = dict(zip(self.outputs, outputs if isinstance(outputs, (tuple, list))
                                else (outputs,)))
         expected = self.expected(dtype, variant, policy)
-        tolerance = self.tolerance(dtype, variant, policy)
+        tolerance = self.tolerance(dtype, variant, policy, accumulation)
         ratios, problems = {}, []
         for name, gold in expected.items():
             actual = np.asarray(outputs[name]).astype(np.float64)

@@ -1,9 +1,10 @@
-"""The expectations of a case, judged on one run: golden, exact, properties, statistic,
+"""The expectations of a case, judged on one run: golden, exact, close, properties, statistic,
 and the outcome under the backend's declared policy. judge() runs them all and raises
 one CheckFailure that lists every broken expectation."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,8 +14,10 @@ from .context import Context
 from .dtypes import round_to
 from .golden_store import GoldenError
 from .indexing import parse_index, split_target
+from .interface import policy_for
 from .ops import OPS
 from .outcomes import CheckFailure
+from .policies import ROW_BY_ROW
 from .properties import PROPERTIES
 from .statistics import STATISTICS
 
@@ -31,12 +34,25 @@ def _policy_label(policy):
     return f" under {policy[0]}={policy[1]}" if policy else ""
 
 
+def accumulation(ctx: Context) -> str:
+    """The backend's declared accumulation tier for this op (`input` when it declares none)."""
+    return policy_for(ctx.backend, ctx.case.op).get("accumulation") or "input"
+
+
+def _golden(ctx: Context, policy, tier) -> dict:
+    """output -> (golden, plain error) in the tier; a store that knows one tier only (a
+    golden source of its own with get(case, variant, dtype, policy)) serves the input one."""
+    if tier == "float32":
+        return ctx.golden.get(ctx.case, ctx.variant, ctx.dtype, policy, accumulation=tier)
+    return ctx.golden.get(ctx.case, ctx.variant, ctx.dtype, policy)
+
+
 def check_golden(ctx: Context, policy=None) -> float:
     """Compare every output with its golden; return the worst error / tolerance."""
     rule = ctx.tolerances
     worst, problems = 0.0, []
-    for name, (gold, plain_error) in ctx.golden.get(ctx.case, ctx.variant, ctx.dtype,
-                                                    policy).items():
+    tier = accumulation(ctx)
+    for name, (gold, plain_error) in _golden(ctx, policy, tier).items():
         result = compare(ctx.outputs[name], gold, rule.output(ctx.dtype, plain_error, gold))
         worst = max(worst, result.ratio)
         if not result.ok:
@@ -44,7 +60,10 @@ def check_golden(ctx: Context, policy=None) -> float:
                 f"golden {name}{_policy_label(policy)}: {result.describe(ctx.dtype)}"
                 + ("" if result.pattern else
                    f"; tolerance {result.tolerance:.3g} = {rule.multiplier:g} x max(plain"
-                   f" {ctx.dtype} error {plain_error:.3g}, u x max|golden|)"))
+                   f" {ctx.dtype} error {plain_error:.3g}"
+                   + (", float32 accumulation" if tier == "float32"
+                      and ctx.dtype in ("float16", "bfloat16") else "")
+                   + ", u x max|golden|)"))
     if problems:
         raise CheckFailure("\n".join(problems))
     return worst
@@ -80,6 +99,39 @@ def check_exact(ctx: Context, exact: dict, policy=None) -> None:
         raise CheckFailure("\n".join(problems))
 
 
+def close_tolerance(value, dtype, rule, entry) -> float:
+    """The absolute tolerance of a `close` entry: its `atol`, or half a unit in the last
+    written digit of the largest |value| plus the rule's rounding of it in the dtype."""
+    if "atol" in entry:
+        return float(entry["atol"])
+    largest = float(np.max(np.abs(value), initial=0.0))
+    exponent = math.floor(math.log10(largest)) if largest > 0 else 0
+    written = 0.5 * 10.0 ** (exponent - entry["digits"] + 1)
+    return written + rule.multiplier * rule.unit_roundoff[dtype] * largest
+
+
+def check_close(ctx: Context, close: dict, policy=None) -> None:
+    """Each `close` target within its tolerance of its value (docs/writing-cases.md)."""
+    problems = []
+    n = digits(ctx.dtype)
+    for text, entry in close.items():
+        _, _, actual = target(ctx, text)
+        value = np.array(entry["value"], dtype=np.float64)
+        tolerance = close_tolerance(value, ctx.dtype, ctx.tolerances, entry)
+        expected = np.broadcast_to(value, np.shape(actual))
+        with np.errstate(invalid="ignore"):
+            error = np.abs(np.asarray(actual) - expected)
+        bad = ~(error <= tolerance)                     # NaN is never close
+        if np.any(bad):
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            got, want = np.asarray(actual)[where], expected[where]
+            problems.append(f"close {text}{_policy_label(policy)}: got {float(got):.{n}g} at "
+                            f"{list(where)} of the selection, expected {float(want)!r} "
+                            f"within {tolerance:.3g}")
+    if problems:
+        raise CheckFailure("\n".join(problems))
+
+
 def check_properties(ctx: Context, properties, policy=None) -> None:
     problems = []
     for prop in properties:
@@ -96,7 +148,7 @@ def check_outcome(ctx: Context, outcome: dict, policy=None) -> float:
     """Every part of one outcome (golden, exact, properties), each checked even when
     another fails; the worst golden error / tolerance."""
     ratio, problems = 0.0, []
-    for part in (_golden_part, _exact_part, _properties_part):
+    for part in (_golden_part, _exact_part, _close_part, _properties_part):
         try:
             ratio = max(ratio, part(ctx, outcome, policy))
         except CheckFailure as exc:
@@ -118,21 +170,66 @@ def _exact_part(ctx, outcome, policy):
     return 0.0
 
 
+def _close_part(ctx, outcome, policy):
+    if outcome.get("close"):
+        check_close(ctx, outcome["close"], policy)
+    return 0.0
+
+
 def _properties_part(ctx, outcome, policy):
     if outcome.get("properties"):
         check_properties(ctx, outcome["properties"], policy)
     return 0.0
 
 
+def check_rows_or_nan(ctx: Context, policy) -> float:
+    """Each row of every output (all axes but the last) is either NaN in every element or
+    the golden under `policy` (a (name, choice) pair) within its tolerance. Gradients go
+    element by element: dq = dS K multiplies a stored NaN by exact zeros, column by
+    column, so a NaN there fills only the columns that hold one."""
+    rule = ctx.tolerances
+    worst, problems = 0.0, []
+    by_element = ctx.case.op == "sdpa_vjp"          # the gradients
+    for name, (gold, plain_error) in _golden(ctx, policy, accumulation(ctx)).items():
+        actual = np.asarray(ctx.outputs[name])
+        if actual.ndim == 0:
+            actual, gold = actual[None], np.asarray(gold)[None]
+        nan = np.isnan(actual)
+        whole = nan if by_element else np.all(nan, axis=-1, keepdims=True)
+        partial = np.any(nan & ~whole, axis=-1)
+        if np.any(partial):
+            where = [int(i) for i in np.argwhere(partial)[0]]
+            problems.append(f"{name} row {where} is partly NaN ({int(nan[tuple(where)].sum())}"
+                            f" of {actual.shape[-1]}): a row is NaN in every element or "
+                            f"the {policy[1]} result")
+            continue
+        kept = np.where(whole, gold, actual)
+        result = compare(kept, np.asarray(gold), rule.output(ctx.dtype, plain_error, gold))
+        worst = max(worst, result.ratio)
+        if not result.ok:
+            problems.append(f"{name} (rows without NaN vs the {policy[1]} golden): "
+                            f"{result.describe(ctx.dtype)}")
+    if problems:
+        raise CheckFailure("\n".join(problems))
+    return worst
+
+
 def policy_outcome(ctx: Context, policies: dict) -> float:
     """Check the outcome the case expects under the backend's declared choice."""
     ratio = 0.0
-    declared = getattr(ctx.backend, "policy", {}) or {}
+    declared = policy_for(ctx.backend, ctx.case.op)      # op_policy overrides policy
     for name, choices in policies.items():
         choice = declared.get(name)
         if choice is None:
             raise CheckFailure(f"policy {name}: the backend declares no choice "
                                f"(the case allows {', '.join(choices)})")
+        base = ROW_BY_ROW.get(name, {}).get(choice)
+        if choice not in choices and base in choices and choices[base].get("golden"):
+            try:
+                ratio = max(ratio, check_rows_or_nan(ctx, (name, base)))
+            except CheckFailure as exc:
+                raise CheckFailure(f"policy {name}={choice}: {exc}") from None
+            continue
         if choice not in choices:
             raise CheckFailure(f"policy {name}: the backend declares {choice!r}, which this "
                                f"case does not allow ({', '.join(choices)})")

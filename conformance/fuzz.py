@@ -200,8 +200,8 @@ class LiveGolden:
     def __init__(self, tolerances=None):
         self.tolerances = tolerances or default_folder().tolerances
 
-    def get(self, case, variant, dtype, policy=None):
-        return compute(case, variant, dtype, self.tolerances, policy)
+    def get(self, case, variant, dtype, policy=None, accumulation=None):
+        return compute(case, variant, dtype, self.tolerances, policy, accumulation)
 
 
 def load_document(doc: dict, directory: Path):

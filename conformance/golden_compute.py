@@ -54,25 +54,36 @@ def golden_entries(case):
                 yield (name, choice)
 
 
+#: dtypes with a second tolerance tier, products and sums accumulated in float32
+#: (spec/tolerances.yaml); for float32 and float64 the two tiers coincide
+ACCUMULATION_DTYPES = ("float16", "bfloat16")
+#: the suffix of the float32-accumulation tier's plain error in a golden file
+FLOAT32_TIER = ".plain_error_float32"
+
+
 def compute(case, variant, dtype, tolerances: Tolerances,
-            policy=None) -> dict[str, tuple[np.ndarray, float]]:
-    """output name -> (golden float64 array, plain same-dtype error)."""
+            policy=None, accumulation=None) -> dict[str, tuple[np.ndarray, float]]:
+    """output name -> (golden float64 array, plain same-dtype error). With
+    accumulation="float32" (float16 and bfloat16 only) the plain computation accumulates
+    its products and sums in float32, and a sum in another order costs float32 roundings."""
     arrays = rounded_inputs(case, variant, dtype)
     policies = dict([policy]) if policy else None
     source = tolerances.plain_error_from.get(dtype, dtype)
+    wide = accumulation == "float32" and dtype in ACCUMULATION_DTYPES
     # NaN, inf and overflow are expected here: policies, poisoned inputs, plain float16
     with np.errstate(all="ignore"):
         exact = reference.run(case.op, arrays, case.params, policies)
-        with reference.rounded_to(source):
+        with reference.rounded_to(source, "float32" if wide else None):
             plain = reference.run(case.op, arrays, case.params, policies)
     factor = UNIT_ROUNDOFF[dtype] / UNIT_ROUNDOFF[source]
     roundings = math.sqrt(longest_reduction(arrays))
+    order = UNIT_ROUNDOFF["float32" if wide else dtype]
     result = {}
     for name, gold, approx in zip(OPS[case.op].outputs, exact, plain):
         both = np.isfinite(gold) & np.isfinite(approx)
         error = float(np.max(np.abs(gold - approx)[both], initial=0.0)) * factor
         largest = float(np.max(np.abs(gold[np.isfinite(gold)]), initial=0.0))
-        result[name] = (gold, max(error, roundings * UNIT_ROUNDOFF[dtype] * largest))
+        result[name] = (gold, max(error, roundings * order * largest))
     return result
 
 
@@ -83,7 +94,8 @@ def longest_reduction(arrays) -> int:
 
 
 def compute_case(case, tolerances: Tolerances):
-    """Every golden array of a case: {key/output: array, key/output.plain_error: scalar}."""
+    """Every golden array of a case: {key/output: array, key/output.plain_error: scalar},
+    and for float16 and bfloat16 key/output.plain_error_float32 (the float32 tier)."""
     arrays = {}
     for variant in case.variants:
         for dtype in case.dtypes:
@@ -92,4 +104,8 @@ def compute_case(case, tolerances: Tolerances):
                 for name, (gold, error) in compute(case, variant, dtype, tolerances, policy).items():
                     arrays[f"{key}/{name}"] = gold
                     arrays[f"{key}/{name}.plain_error"] = np.array(error)
+                if dtype in ACCUMULATION_DTYPES:
+                    for name, (_, error) in compute(case, variant, dtype, tolerances, policy,
+                                                    "float32").items():
+                        arrays[f"{key}/{name}{FLOAT32_TIER}"] = np.array(error)
     return arrays

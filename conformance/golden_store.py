@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .golden_compute import compute, entry_key
+from .golden_compute import ACCUMULATION_DTYPES, FLOAT32_TIER, compute, entry_key
 from .ops import OPS
 from .spec_folder import SpecFolder, default_folder
 from .tolerances import Tolerances
@@ -171,14 +171,19 @@ class GoldenStore:
             raise found
         return found
 
-    def get(self, case, variant, dtype, policy=None) -> dict[str, tuple[np.ndarray, float]]:
-        """output -> (golden, plain_error); frozen for quick cases, live for long ones."""
+    def get(self, case, variant, dtype, policy=None,
+            accumulation=None) -> dict[str, tuple[np.ndarray, float]]:
+        """output -> (golden, plain_error); frozen for quick cases, live for long ones.
+        accumulation="float32" takes the float32 tier's plain error where the dtype has
+        one (float16, bfloat16); anything else, the input-dtype tier."""
         if case.profile == "long":
-            return compute(case, variant, dtype, self.tolerances, policy)
+            return compute(case, variant, dtype, self.tolerances, policy, accumulation)
         data = self.topic(case.topic)
         key = entry_key(case.id, variant.label, dtype, policy)
+        tier = (FLOAT32_TIER if accumulation == "float32" and dtype in ACCUMULATION_DTYPES
+                else ".plain_error")
         try:
-            return {name: (data[f"{key}/{name}"], float(data[f"{key}/{name}.plain_error"]))
+            return {name: (data[f"{key}/{name}"], float(data[f"{key}/{name}{tier}"]))
                     for name in OPS[case.op].outputs}
         except KeyError:
             raise GoldenError(f"no golden entry {key} in {case.topic}.npz "

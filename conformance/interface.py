@@ -1,4 +1,4 @@
-"""What a backend declares: name, dtypes, policy (and optionally versions, paths).
+"""What a backend declares: name, dtypes, policy (and optionally op_policy, versions, paths).
 
 The interface is structural: an adapter never has to import the suite. The ops it
 implements are those of ops.py; docs/interface.md is the contract in words. A
@@ -11,7 +11,41 @@ from __future__ import annotations
 from typing import Any
 
 from .dtypes import DTYPES
+from .ops import OPS
 from .policies import POLICIES
+
+
+def _really_has(backend: Any, name: str) -> bool:
+    """The attribute is the instance's or a class's, not one a catch-all __getattr__ makes up."""
+    if name in getattr(backend, "__dict__", {}):
+        return True
+    return any(name in vars(cls) for cls in type(backend).__mro__)
+
+
+def op_policy(backend: Any) -> dict[str, dict[str, str]]:
+    """op -> {policy: choice}: the optional per-op declarations that override `policy`
+    for that op (docs/interface.md); {} when the backend declares none."""
+    if not _really_has(backend, "op_policy"):
+        return {}
+    value = getattr(backend, "op_policy", None)
+    return value if isinstance(value, dict) else {}
+
+
+def policy_for(backend: Any, op: str) -> dict[str, str]:
+    """The backend's choices for one op: `policy`, overridden by `op_policy[op]`."""
+    merged = dict(getattr(backend, "policy", {}) or {})
+    merged.update(op_policy(backend).get(op, {}))
+    return merged
+
+
+def _choice_problems(policy: dict, label: str) -> list[str]:
+    problems = []
+    for key, choice in policy.items():
+        if key not in POLICIES:
+            problems.append(f"{label} names unknown policy {key!r}; known: {', '.join(POLICIES)}")
+        elif choice not in POLICIES[key]:
+            problems.append(f"{label} {key}={choice!r} is not one of {', '.join(POLICIES[key])}")
+    return problems
 
 
 def declaration_problems(backend: Any) -> list[str]:
@@ -31,11 +65,21 @@ def declaration_problems(backend: Any) -> list[str]:
     if not isinstance(policy, dict):
         problems.append(f"policy must be a dict of policy name -> choice, not {policy!r}")
     else:
-        for key, choice in policy.items():
-            if key not in POLICIES:
-                problems.append(f"policy names unknown policy {key!r}; known: {', '.join(POLICIES)}")
-            elif choice not in POLICIES[key]:
-                problems.append(f"policy {key}={choice!r} is not one of {', '.join(POLICIES[key])}")
+        problems += _choice_problems(policy, "policy")
+    if _really_has(backend, "op_policy"):
+        per_op = getattr(backend, "op_policy", None)
+        if not isinstance(per_op, dict):
+            problems.append(f"op_policy must be a dict of op name -> {{policy: choice}}, "
+                            f"not {per_op!r}")
+        else:
+            for op, chosen in per_op.items():
+                if op not in OPS:
+                    problems.append(f"op_policy names unknown op {op!r}; known: {', '.join(OPS)}")
+                elif not isinstance(chosen, dict):
+                    problems.append(f"op_policy[{op!r}] must be a dict of policy name -> "
+                                    f"choice, not {chosen!r}")
+                else:
+                    problems += _choice_problems(chosen, f"op_policy[{op!r}]")
     return problems
 
 
@@ -47,4 +91,6 @@ def describe(backend: Any) -> dict[str, Any]:
         "policy": dict(getattr(backend, "policy", {})),
         "versions": dict(getattr(backend, "versions", {})),
         "paths": dict(getattr(backend, "paths", {})),
+        **({"op_policy": {op: dict(c) for op, c in op_policy(backend).items()}}
+           if op_policy(backend) else {}),
     }

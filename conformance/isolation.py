@@ -47,6 +47,8 @@ class IsolatedBackend:
         for key in ("name", "dtypes", "policy", "versions", "paths"):
             setattr(self, key, self._declared[key])
         self.dtypes = frozenset(self.dtypes)
+        if self._declared.get("op_policy"):
+            self.op_policy = self._declared["op_policy"]
         self.origin_module = self._declared["module"]
         self.expected_failures_file = self._declared["expected_failures_file"] or None
         for op in OPS:

@@ -32,13 +32,22 @@ BLOCK = 256
 _ROUNDING = contextvars.ContextVar("rounding", default=None)
 
 
+#: where products and sums accumulate under rounded_to: None (the dtype, as numpy does
+#: it) or "float32" (the accumulation tier of spec/tolerances.yaml)
+_ACCUMULATE = contextvars.ContextVar("accumulate", default=None)
+
+
 @contextlib.contextmanager
-def rounded_to(dtype: str | None):
-    """Round every intermediate result to ``dtype`` (None: plain float64)."""
+def rounded_to(dtype: str | None, accumulate: str | None = None):
+    """Round every intermediate result to ``dtype`` (None: plain float64); with
+    ``accumulate="float32"`` matrix products and sums of dtype-rounded operands are
+    accumulated in float32, their results rounded to ``dtype``."""
     token = _ROUNDING.set(None if dtype in (None, "float64") else dtype)
+    wide = _ACCUMULATE.set(accumulate)
     try:
         yield
     finally:
+        _ACCUMULATE.reset(wide)
         _ROUNDING.reset(token)
 
 
@@ -53,6 +62,9 @@ def _mm(a, b):
     if dtype is None:
         return a @ b
     dt = numpy_dtype(dtype)
+    if _ACCUMULATE.get() == "float32":
+        wide = np.matmul(a.astype(dt).astype(np.float32), b.astype(dt).astype(np.float32))
+        return round_to(wide.astype(np.float64), dtype)
     return np.matmul(a.astype(dt), b.astype(dt)).astype(np.float64)
 
 
@@ -61,6 +73,9 @@ def _sum(x, axis):
     dtype = _ROUNDING.get()
     if dtype is None:
         return np.sum(x, axis=axis, keepdims=True)
+    if _ACCUMULATE.get() == "float32":
+        wide = np.sum(x.astype(numpy_dtype(dtype)).astype(np.float32), axis=axis, keepdims=True)
+        return round_to(wide.astype(np.float64), dtype)
     return np.sum(x.astype(numpy_dtype(dtype)), axis=axis, keepdims=True).astype(np.float64)
 
 
@@ -175,7 +190,7 @@ def _one_rounding_off(s, magnitude=0.0):
 def _weights(s, keep, policy):
     """Softmax over keys of the scores s, with disallowed keys (keep False) at zero."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        if policy["masked_key_nan"] == "ignored":
+        if policy["masked_key_nan"] in ("ignored", "per_row"):    # per_row may ignore it
             masked = np.where(keep, s, -np.inf)
         else:
             masked = s + np.where(keep, 0.0, -np.inf)
@@ -187,6 +202,19 @@ def _weights(s, keep, policy):
     only_neg_inf = ~no_key & np.all(np.where(keep, s == -np.inf, True), axis=-1, keepdims=True)
     p = _empty_rows(p, no_key, policy["fully_masked_rows"])
     return _empty_rows(p, only_neg_inf, policy["neg_inf_bias_rows"])
+
+
+def _nan_rows(s, keep, policy):
+    """Rows emptied by mask, causal, window or a -inf bias whose policy choice is nan.
+
+    Their weights are NaN, and IEEE arithmetic carries that through the backward pass of
+    a plain implementation: dS = P (dP - rowsum(dP P)) is NaN on the whole row, so dq of
+    the row and dk = dS^T Q of every key are NaN, as dV = P^T dO is (docs/interface.md).
+    """
+    no_key = ~np.any(keep, axis=-1, keepdims=True)
+    only_neg_inf = ~no_key & np.all(np.where(keep, s == -np.inf, True), axis=-1, keepdims=True)
+    return ((no_key & (policy["fully_masked_rows"] == "nan"))
+            | (only_neg_inf & (policy["neg_inf_bias_rows"] == "nan")))
 
 
 def _empty_rows(p, rows, choice):
@@ -304,7 +332,7 @@ def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
         ds = _r(p * _r(dp - row))
         if _ROUNDING.get() is not None:
             ds = _one_rounding_off(ds, p * (np.abs(dp) + np.abs(row)))
-        ds = np.where(keep, ds, 0.0)
+        ds = np.where(keep | _nan_rows(s, keep, policy), ds, 0.0)
         if softcap is not None:
             raw = _logits(q[..., rows, :], k, scale=scale, softcap=None, bias=None)
             ds = _r(ds * _r(1.0 - np.tanh(raw / softcap) ** 2))

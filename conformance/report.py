@@ -42,6 +42,9 @@ def summary_lines(log) -> list[str]:
                      ", ".join(f"{d} {r:.2f}" for d, r in sorted(worst.items())))
     lines.append("  policies: " + ", ".join(f"{k}={v}" for k, v in
                                             sorted(data["backend"]["policy"].items())))
+    for op, chosen in sorted(data["backend"].get("op_policy", {}).items()):
+        lines.append(f"  policies of {op}: " + ", ".join(f"{k}={v}" for k, v in
+                                                      sorted(chosen.items())))
     return lines
 
 

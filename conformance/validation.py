@@ -18,11 +18,12 @@ import math
 
 import numpy as np
 
+from .dtypes import UNIT_ROUNDOFF
 from .indexing import parse_index, split_target
 from .inputs import build_inputs, planned_shapes
 from .ops import OPS, output_shapes
 from .shapes import score_shape
-from .policies import POLICIES
+from .policies import POLICIES, TOLERANCE_POLICIES
 from .properties import PROPERTIES
 from .spec_yaml import SpecError
 from .statistics import STATISTICS
@@ -73,40 +74,63 @@ def _outcomes(case):
                             for o in choices.values()]
 
 
-def _check_exact(case, target, value, arrays) -> list[str]:
-    """An `exact` key names an output and an index that fit it, and a value whose shape
-    broadcasts to the selection."""
+def _check_exact(case, target, value, arrays, kind="exact") -> list[str]:
+    """An `exact` (or `close`) key names an output and an index that fit it, and a value
+    whose shape broadcasts to the selection."""
     op = OPS[case.op]
     output, index = split_target(target, op.outputs[0])
     if output not in op.outputs:
-        return [f"exact {target!r}: {case.op} has no output {output!r}"]
+        return [f"{kind} {target!r}: {case.op} has no output {output!r}"]
     shape = output_shapes(case.op, {n: a.shape for n, a in arrays.items()}, case.params)
     try:
         selection = np.zeros(shape[op.outputs.index(output)])[index]
     except IndexError as exc:
-        return [f"exact {target!r}: the index does not fit output {output} of shape "
+        return [f"{kind} {target!r}: the index does not fit output {output} of shape "
                 f"{shape[op.outputs.index(output)]}: {exc}"]
     if isinstance(value, dict):
         if value["input"] not in arrays:
-            return [f"exact {target!r} refers to unknown input {value['input']!r}"]
+            return [f"{kind} {target!r} refers to unknown input {value['input']!r}"]
         try:
             source = arrays[value["input"]][parse_index(value.get("at", "[...]"))]
         except IndexError as exc:
-            return [f"exact {target!r}: 'at' does not fit input {value['input']!r}: {exc}"]
+            return [f"{kind} {target!r}: 'at' does not fit input {value['input']!r}: {exc}"]
         value_shape = np.shape(source)
     else:
         try:
             value_shape = np.shape(np.array(value, dtype=np.float64))
         except (ValueError, TypeError):
             hint = " (write .nan, .inf or -.inf unquoted)" if isinstance(value, str) else ""
-            return [f"exact {target!r}: the value {value!r} is not a number or a list of "
+            return [f"{kind} {target!r}: the value {value!r} is not a number or a list of "
                     f"numbers of one shape{hint}"]
     try:
         np.broadcast_to(np.zeros(value_shape), np.shape(selection))
     except ValueError:
-        return [f"exact {target!r}: a value of shape {value_shape} does not fit the "
+        return [f"{kind} {target!r}: a value of shape {value_shape} does not fit the "
                 f"selection of shape {np.shape(selection)}"]
     return []
+
+
+#: a `close` entry's `atol` is at least this many unit roundoffs of its largest |value|
+#: in each dtype of the case: a tighter one no implementation in that dtype can meet
+MIN_CLOSE_ROUNDINGS = 4
+
+
+def _check_close_tolerance(case, target, entry) -> list[str]:
+    """A `close` entry's stated tolerance is one every dtype of the case can meet."""
+    if "atol" not in entry:
+        return []           # digits: the dtype's rounding is added to the written digits
+    try:
+        largest = float(np.max(np.abs(np.array(entry["value"], dtype=np.float64)), initial=0.0))
+    except (ValueError, TypeError):
+        return []           # reported by _check_exact
+    problems = []
+    for dtype in case.dtypes:
+        floor = MIN_CLOSE_ROUNDINGS * UNIT_ROUNDOFF.get(dtype, 0.0) * largest
+        if entry["atol"] < floor:
+            problems.append(f"close {target!r}: atol {entry['atol']:g} is tighter than "
+                            f"{dtype} can meet ({MIN_CLOSE_ROUNDINGS} x unit roundoff x "
+                            f"max|value| = {floor:.3g})")
+    return problems
 
 
 def _property_arguments(name, args) -> list[str]:
@@ -140,6 +164,13 @@ def _check_expect(case, arrays) -> list[str]:
                 problems += _check_exact(case, target, value, arrays)
             except ValueError as exc:
                 problems.append(f"exact {target!r}: {exc}")
+        for target, entry in outcome.get("close", {}).items():
+            try:
+                problems += _check_exact(case, target, entry["value"], arrays,
+                                         kind="close")
+            except ValueError as exc:
+                problems.append(f"close {target!r}: {exc}")
+            problems += _check_close_tolerance(case, target, entry)
         for prop in outcome.get("properties", ()):
             name, args = (prop, {}) if isinstance(prop, str) else next(iter(prop.items()))
             if name not in PROPERTIES:
@@ -338,6 +369,10 @@ def _check_policies(case) -> list[str]:
     """Each policy branch names a choice of that policy (the schema only knows all names)."""
     problems = []
     for name, choices in case.expect.get("policy", {}).items():
+        if name in TOLERANCE_POLICIES:
+            problems.append(f"policy {name} sets the tolerance tier of golden comparisons "
+                            "(spec/tolerances.yaml); a case gives no outcome for it")
+            continue
         allowed = POLICIES.get(name, ())
         problems += [f"policy {name} has no choice {choice!r} (its choices: {', '.join(allowed)})"
                      for choice in choices if choice not in allowed]

@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 
 from . import wire
 from .calling import assert_unchanged, snapshot
+from .interface import op_policy
 from .loading import BackendLoadError, load_backend
 from .ops import OPS
 from .outcomes import CheckFailure
@@ -43,6 +44,8 @@ def declaration(backend) -> dict:
         "policy": {str(k): str(v) for k, v in plain(getattr(backend, "policy", {}), dict).items()},
         "versions": {str(k): str(v) for k, v in plain(getattr(backend, "versions", {}), dict).items()},
         "paths": {str(k): str(v) for k, v in plain(getattr(backend, "paths", {}), dict).items()},
+        "op_policy": {str(op): {str(k): str(v) for k, v in plain(chosen, dict).items()}
+                      for op, chosen in op_policy(backend).items()},
         "module": type(backend).__module__,
         "expected_failures_file": str(getattr(backend, "expected_failures_file", "") or ""),
         "ops": [op for op in OPS if callable(getattr(backend, op, None))],

@@ -69,6 +69,8 @@ def mutants() -> list[Mutant]:
               for name in STATISTICS]
     found += [
         Mutant("check_exact", "no-op", CHECKER_TESTS),
+        Mutant("check_close", "no-op", CHECKER_TESTS),
+        Mutant("check_rows_or_nan", "no-op (ratio 0)", CHECKER_TESTS),
         Mutant("check_golden", "no-op (ratio 0)", CHECKER_TESTS),
         Mutant("check_properties", "no-op", CHECKER_TESTS),
         Mutant("check_statistics", "no-op", CHECKER_TESTS),
@@ -79,6 +81,8 @@ def mutants() -> list[Mutant]:
         Mutant("judge", "no-op (an empty Result)", CHECKER_TESTS),
         Mutant("compare:no-tolerance", "every comparison is ok", CHECKER_TESTS),
         Mutant("worst_error:no-patterns", "NaN and inf positions ignored", CHECKER_TESTS),
+        Mutant("accumulation:ignored", "every backend judged in the input tier",
+               CHECKER_TESTS),
         Mutant("spec_cache.read", "always a miss (None)", CACHE_TESTS),
         Mutant("spec_cache.write", "stores nothing", CACHE_TESTS),
         Mutant("spec_cache.file_key:no-bytes", "the key ignores the file's bytes", CACHE_TESTS),
@@ -115,9 +119,10 @@ def _apply(name: str) -> None:
         PROPERTIES[rest] = _noop_like(PROPERTIES[rest])
     elif kind == "statistic":
         STATISTICS[rest] = _noop_like(STATISTICS[rest], 0.0)
-    elif name in ("check_exact", "check_properties"):
+    elif name in ("check_exact", "check_close", "check_properties"):
         setattr(checks, name, _noop_like(getattr(checks, name)))
-    elif name in ("check_golden", "check_statistics", "policy_outcome", "check_outcome"):
+    elif name in ("check_golden", "check_statistics", "policy_outcome", "check_outcome",
+                  "check_rows_or_nan"):
         setattr(checks, name, _noop_like(getattr(checks, name), 0.0))
     elif name == "policy_outcome:any-choice":
         original = checks.policy_outcome
@@ -131,6 +136,8 @@ def _apply(name: str) -> None:
         checks.judge = _noop_like(checks.judge, checks.Result())
     elif name == "compare:no-tolerance":
         comparison.Comparison.ok = property(lambda self: True)
+    elif name == "accumulation:ignored":
+        checks.accumulation = lambda ctx: "input"
     elif name == "worst_error:no-patterns":
         def finite_only(actual, expected_):
             both = np.isfinite(actual) & np.isfinite(expected_)

@@ -234,6 +234,15 @@ SCENARIOS = {
     "exact_value_length": (expect("exact-length", "{exact: {\"[0]\": [1, 2, 3]}}"), None,
                            "exact '[0]': a value of shape (3,) does not fit the selection of "
                            "shape (4,)"),
+    "close_atol_tighter_than_the_dtype": (
+        expect("close-tight", "{close: {\"[0, 0]\": {value: 0.5, atol: 1.0e-17}}}"), None,
+        "close '[0, 0]': atol 1e-17 is tighter than float64 can meet (4 x unit roundoff x "
+        "max|value| = 2.22e-16)"),
+    "accumulation_as_a_case_policy": (
+        expect("accumulation-outcome", "{policy: {accumulation: {float32: {golden: true}}}}"),
+        None, "policy accumulation sets the tolerance tier of golden comparisons"),
+    "close_index_out_of_range": (expect("close-index", "{close: {\"[5]\": {value: 0, digits: 2}}}"),
+                                 None, "close '[5]': the index does not fit output out of shape"),
     "statistic_of_no_output": (expect("stat-dv", "{statistic: [{name: std, output: dv, "
                                                  "expected: 1.0, band: 0.5, why: sampling spread}]}"),
                                None, "statistic std: sdpa has no output 'dv' (its outputs: out)"),

@@ -138,6 +138,16 @@ cases:
     expect:
       golden: true
       exact: {"[0]": {input: v, at: "[0]"}}
+  - id: meta-close-softmax
+    description: softmax of (5, 2, 1, 2) is about (0.8945, 0.0445, 0.0164, 0.0445)
+    source: tests/test_checkers.py
+    op: softmax
+    inputs:
+      x: {values: [[5, 2, 1, 2]]}
+    dtypes: [float64, float16]
+    expect:
+      golden: true
+      close: {"[0]": {value: [0.8945, 0.0445, 0.0164, 0.0445], digits: 4}, "[0, 1]": {value: 0.04454, atol: 1.0e-4}}
   - id: meta-nan-row
     description: a NaN score makes its whole row NaN
     source: tests/test_checkers.py
@@ -175,6 +185,48 @@ cases:
           zeros: {golden: true, exact: {"[1]": 0}}
           uniform: {golden: true}
           nan: {golden: true}
+  - id: meta-nan-masked-key
+    description: a NaN in key 3, masked for every query
+    source: tests/test_checkers.py
+    op: sdpa
+    inputs:
+      q: {normal: {shape: [3, 4], seed: 25}}
+      k: {normal: {shape: [4, 4], seed: 26}, set: [{at: "[3, :]", value: .nan}]}
+      v: {normal: {shape: [4, 2], seed: 27}}
+      mask: {full: {shape: [3, 4], value: true}, set: [{at: "[:, 3]", value: false}]}
+    dtypes: [float64]
+    expect:
+      policy:
+        masked_key_nan:
+          ignored: {golden: true}
+          propagates: {golden: true, exact: {"[...]": .nan}}
+  - id: meta-nan-masked-key-vjp
+    description: gradients with a NaN in element 1 of key 3, masked for every query
+    source: tests/test_checkers.py
+    op: sdpa_vjp
+    inputs:
+      q: {normal: {shape: [3, 4], seed: 25}}
+      k: {normal: {shape: [4, 4], seed: 26}, set: [{at: "[3, 1]", value: .nan}]}
+      v: {normal: {shape: [4, 2], seed: 27}}
+      d_out: {normal: {shape: [3, 2], seed: 28}}
+      mask: {full: {shape: [3, 4], value: true}, set: [{at: "[:, 3]", value: false}]}
+    dtypes: [float64]
+    expect:
+      policy:
+        masked_key_nan:
+          ignored: {golden: true}
+          propagates: {exact: {"dq[:, 1]": .nan}}
+  - id: meta-sdpa-long-half
+    description: float16 sdpa over 256 keys, whose two tolerance tiers differ
+    source: tests/test_checkers.py
+    op: sdpa
+    inputs:
+      q: {normal: {shape: [2, 8], seed: 29, std: 0.3}}
+      k: {normal: {shape: [256, 8], seed: 30, std: 0.3}}
+      v: {normal: {shape: [256, 4], seed: 31, mean: 4.0}}
+    dtypes: [float16]
+    expect:
+      golden: true
   - id: meta-empty-row-policy-no-nan
     description: the second query may see no key; NaN is not allowed here
     source: tests/test_checkers.py
@@ -219,6 +271,14 @@ class Declares(NumpyBackend):
     def __init__(self, **policy):
         super().__init__()
         self.policy = dict(policy)
+
+
+class DeclaresPerOp(Declares):
+    """Declares `policy`, and op_policy overriding it for sdpa."""
+
+    def __init__(self, op_policy, **policy):
+        super().__init__(**policy)
+        self.op_policy = op_policy
 
 
 class PositionalLeak(NumpyBackend):
@@ -314,6 +374,10 @@ def exact(ctx):
     return checks.check_exact(ctx, ctx.case.expect["exact"])
 
 
+def close(ctx):
+    return checks.check_close(ctx, ctx.case.expect["close"])
+
+
 def golden(ctx):
     return checks.check_golden(ctx)
 
@@ -345,9 +409,30 @@ def adding(index, amount):
     return tamper
 
 
+def in_dq(index, value, add=False):
+    """Tamper: dq[index] = value (or += value)."""
+    def tamper(ctx, outputs):
+        if add:
+            outputs["dq"][index] += value
+        else:
+            outputs["dq"][index] = value
+        return outputs
+    return tamper
+
+
 def tolerance_of(ctx, name="out"):
     gold, plain_error = ctx.golden.get(ctx.case, ctx.variant, ctx.dtype)[name]
     return ctx.tolerances.output(ctx.dtype, plain_error, gold)
+
+
+def between_tiers(ctx, name="out"):
+    """An error above the float32 tier's tolerance and below the input tier's."""
+    gold, tight = ctx.golden.get(ctx.case, ctx.variant, ctx.dtype, None, "float32")[name]
+    _, loose = ctx.golden.get(ctx.case, ctx.variant, ctx.dtype, None, "input")[name]
+    low = ctx.tolerances.output(ctx.dtype, tight, gold)
+    high = ctx.tolerances.output(ctx.dtype, loose, gold)
+    assert 2 * low < high, (low, high)
+    return (low + high) / 2
 
 
 def above_hull(ctx):
@@ -455,6 +540,24 @@ SCENARIOS = {
         "check_exact", exact,
         Run("meta-nan-row"), Run("meta-nan-row", tamper=setting((1, 3), 0.25)),
         ("exact [1]: got 0.25 at [3] of the selection, expected exactly nan",)),
+    # --- close ----------------------------------------------------------------------
+    "close, digits": Scenario(
+        "check_close", close,
+        Run("meta-close-softmax"), Run("meta-close-softmax", tamper=adding((0, 0), 1e-4)),
+        ("close [0]: got 0.8946425763", "at [0] of the selection, expected 0.8945 within 5e-05",)),
+    "close, digits in float16": Scenario(
+        "check_close", close,
+        Run("meta-close-softmax", dtype="float16"),
+        Run("meta-close-softmax", dtype="float16", tamper=adding((0, 2), 0.003)),
+        ("close [0]: got", "at [2] of the selection, expected 0.0164 within 0.0018",)),
+    "close, atol": Scenario(
+        "check_close", close,
+        Run("meta-close-softmax"), Run("meta-close-softmax", tamper=adding((0, 1), 2e-4)),
+        ("close [0, 1]: got 0.0447366", "expected 0.04454 within 0.0001",)),
+    "close NaN": Scenario(
+        "check_close", close,
+        Run("meta-close-softmax"), Run("meta-close-softmax", tamper=setting((0, 3), np.nan)),
+        ("close [0]: got nan at [3] of the selection",)),
     # --- golden ---------------------------------------------------------------------
     "golden within / beyond its tolerance": Scenario(
         "check_golden", golden,
@@ -466,6 +569,21 @@ SCENARIOS = {
         Run("meta-softmax", dtype="float32", backend=NumpyBackend(), own=True),
         Run("meta-softmax", dtype="float32", backend=SoftmaxPlusOne(), own=True),
         ("golden out: worst abs error", "plain float32 error")),
+    "golden float32 accumulation tier": Scenario(
+        "check_golden", golden,
+        Run("meta-sdpa-long-half", dtype="float16", backend=Declares(accumulation="input"),
+            tamper=adding((1, 2), between_tiers)),
+        Run("meta-sdpa-long-half", dtype="float16", backend=Declares(accumulation="float32"),
+            tamper=adding((1, 2), between_tiers)),
+        ("golden out: worst abs error", "at [1, 2]",
+         "plain float16 error", "float32 accumulation, u x max|golden|)")),
+    "golden: no accumulation declared is the input tier": Scenario(
+        "check_golden", golden,
+        Run("meta-sdpa-long-half", dtype="float16", backend=Declares(),
+            tamper=adding((1, 2), between_tiers)),
+        Run("meta-sdpa-long-half", dtype="float16", backend=Declares(),
+            tamper=adding((1, 2), lambda ctx: 3 * between_tiers(ctx))),
+        ("golden out: worst abs error", "at [1, 2]", "plain float16 error")),
     "golden NaN pattern (NaN where the golden is finite)": Scenario(
         "check_golden", golden,
         Run("meta-nan-row"), Run("meta-nan-row", tamper=setting((0, 0), np.nan)),
@@ -498,6 +616,17 @@ SCENARIOS = {
         Run("meta-empty-row-policy", backend=Declares(fully_masked_rows="nan"),
             policy=("fully_masked_rows", "zeros")),
         ("golden out under fully_masked_rows=nan: NaN pattern differs at [1, 0]",)),
+    "policy: op_policy overrides policy for its op": Scenario(
+        "policy_outcome", policy,
+        Run("meta-empty-row-policy",
+            backend=DeclaresPerOp({"sdpa": {"fully_masked_rows": "nan"}},
+                                  fully_masked_rows="zeros"),
+            policy=("fully_masked_rows", "nan")),
+        Run("meta-empty-row-policy",
+            backend=DeclaresPerOp({"sdpa": {"fully_masked_rows": "nan"}},
+                                  fully_masked_rows="zeros"),
+            policy=("fully_masked_rows", "zeros")),
+        ("golden out under fully_masked_rows=nan: NaN pattern differs at [1, 0]",)),
     "policy: the backend declares no choice": Scenario(
         "policy_outcome", policy,
         Run("meta-empty-row-policy", backend=Declares(fully_masked_rows="uniform"),
@@ -513,15 +642,41 @@ SCENARIOS = {
             policy=("fully_masked_rows", "nan")),
         ("policy fully_masked_rows: the backend declares 'nan', which this case does not"
          " allow (zeros, uniform)",)),
+    "policy: per_row, a row NaN or the ignored result": Scenario(
+        "check_rows_or_nan", policy,
+        Run("meta-nan-masked-key", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored"), tamper=setting((1, slice(None)), np.nan)),
+        Run("meta-nan-masked-key", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored"), tamper=setting((1, 0), np.nan)),
+        ("policy masked_key_nan=per_row: out row [1] is partly NaN (1 of 2): a row is NaN in"
+         " every element or the ignored result",)),
+    "policy: per_row, a row without NaN is off": Scenario(
+        "check_rows_or_nan", policy,
+        Run("meta-nan-masked-key", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored")),
+        Run("meta-nan-masked-key", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored"), tamper=adding((2, 1), 0.5)),
+        ("policy masked_key_nan=per_row: out (rows without NaN vs the ignored golden): worst"
+         " abs error 0.5 at [2, 1]",)),
+    "policy: per_row, gradients element by element": Scenario(
+        "check_rows_or_nan", policy,
+        Run("meta-nan-masked-key-vjp", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored"), tamper=in_dq((slice(None), 1), np.nan)),
+        Run("meta-nan-masked-key-vjp", backend=Declares(masked_key_nan="per_row"),
+            policy=("masked_key_nan", "ignored"), tamper=in_dq((0, 0), 1.0, add=True)),
+        ("policy masked_key_nan=per_row: dq (rows without NaN vs the ignored golden): worst"
+         " abs error 1 at [0, 0]",)),
 }
 
 #: checkers that are not registries, and the branches each must have a scenario for
-NAMED_CHECKERS = ("check_exact", "check_golden", "policy_outcome")
+NAMED_CHECKERS = ("check_exact", "check_close", "check_golden", "policy_outcome",
+                  "check_rows_or_nan")
 BRANCHES = ("golden NaN pattern (NaN where the golden is finite)",
             "golden NaN pattern (finite where the golden is NaN)",
             "golden inf pattern (sign)", "golden inf pattern (finite where the golden is inf)",
             "policy: the backend declares no choice", "policy: a choice the case does not allow",
-            "exact NaN", "exact slice of an input")
+            "exact NaN", "exact slice of an input", "close NaN", "close, atol",
+            "golden float32 accumulation tier")
 
 
 # --- building contexts ------------------------------------------------------------------

@@ -110,6 +110,49 @@ def test_match_is_a_whole_id_with_literal_brackets(entries, tmp_path):
         assert literal.find(other, "sdpa", "float32") is None, other
 
 
+def test_the_first_matching_entry_applies_and_star_crosses_every_character(tmp_path):
+    path = tmp_path / "order.yaml"
+    path.write_text('entries:\n'
+                    '  - {match: "t/a[*", message: "boom", reason: "message first"}\n'
+                    '  - {match: "t/*", reason: "broad first"}\n'
+                    '  - {match: "t/a[float32]", reason: "specific second"}\n'
+                    '  - {match: "u/a?b", reason: "question mark"}\n')
+    found = load_expected(path)
+    # before the run only entries without a message count; the first of them wins
+    assert reason(found.find("t/a[float32]", "sdpa", "float32")) == "broad first"
+    assert reason(found.find_by_message("t/a[float32]", "sdpa", "float32", "a boom here")) \
+        == "message first"
+    assert found.find_by_message("t/a[float32]", "sdpa", "float32", "other") is None
+    assert reason(found.find("u/a?b", "sdpa", "float32")) == "question mark"
+    assert found.find("u/axb", "sdpa", "float32") is None          # '?' is literal too
+
+
+def test_a_relative_path_is_taken_from_the_working_directory(tmp_path, monkeypatch):
+    from attention_conformance.expected import expected_for
+
+    (tmp_path / "own.yaml").write_text('entries:\n  - {match: "*", reason: "own file"}\n')
+    (tmp_path / "extra.yaml").write_text('entries:\n  - {match: "x/*", reason: "extra"}\n')
+
+    class Adapter:
+        name = "own"
+        expected_failures_file = "own.yaml"
+
+    monkeypatch.chdir(tmp_path)
+    merged = expected_for(Adapter(), ["extra.yaml"])
+    assert [e.reason for e in merged.entries] == ["own file", "extra"]   # own file first
+
+
+def test_an_unknown_key_or_a_missing_reason_is_refused(tmp_path):
+    from attention_conformance.spec_yaml import SpecError
+
+    for text, words in (('entries:\n  - {match: "*", reason: "r", op: [sdpa]}\n', "unknown key(s) op"),
+                        ('entries:\n  - {match: "*", reason: ""}\n', "non-empty 'reason'")):
+        path = tmp_path / "bad.yaml"
+        path.write_text(text)
+        with pytest.raises(SpecError, match=re.escape(words)):
+            load_expected(path)
+
+
 # --- a whole run ------------------------------------------------------------------------
 
 ADAPTER = '''

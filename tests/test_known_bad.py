@@ -111,11 +111,14 @@ def test_the_correct_numpy_backend_passes_every_quick_case(spec, golden):
     assert not failures, "\n".join(failures[:10])
 
 
-@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("block", [16, 64, "prescaled"])
 def test_the_correct_tiled_adapter_passes_every_quick_case(block, spec, golden):
-    """tests/known_good/tiled.py, tiles of 16 and of 64, certified like any backend."""
-    backend = {16: tiled_good.Tiled16, 64: tiled_good.Tiled64}[block]()
-    assert (backend.block_q, backend.block_k) == (block, block)
+    """tests/known_good/tiled.py, tiles of 16 and of 64, certified like any backend; and
+    with q and k pre-scaled by sqrt(scale): every `exact` claim holds for that order too."""
+    backend = {16: tiled_good.Tiled16, 64: tiled_good.Tiled64,
+               "prescaled": tiled_good.TiledPrescaled}[block]()
+    assert (backend.block_q, backend.block_k) == ((block, block) if block != "prescaled"
+                                                  else (16, 16))
     failures = _failures(backend, spec, golden)
     assert not failures, "\n".join(failures[:10])
 

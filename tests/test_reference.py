@@ -262,3 +262,18 @@ def test_rounded_to_measures_a_plain_low_precision_error():
             errors[dtype] = np.max(np.abs(R.sdpa(q, k, v) - exact))
     assert 0 < errors["float32"] < 1e-5 < errors["float16"] < errors["bfloat16"] < 0.1
     assert np.array_equal(R.sdpa(q, k, v), exact)  # the context is left behind
+
+
+def test_the_float32_tier_accumulates_in_float32_and_rounds_once():
+    """rounded_to(dtype, "float32"): products and sums of dtype values summed in float32,
+    the result rounded to the dtype; the input tier keeps numpy's own arithmetic."""
+    from attention_conformance.dtypes import round_to
+    ones = np.ones((1, 4096))
+    with R.rounded_to("bfloat16"):
+        assert R._sum(ones, -1)[0, 0] == 256.0        # bfloat16 sums stagnate
+    with R.rounded_to("bfloat16", "float32"):
+        assert R._sum(ones, -1)[0, 0] == 4096.0
+        a, b = np.full((1, 3), 1.0 / 3), np.full((3, 1), 3.0)
+        wide = (round_to(a, "bfloat16").astype(np.float32)
+                @ round_to(b, "bfloat16").astype(np.float32)).astype(np.float64)
+        assert R._mm(a, b)[0, 0] == round_to(wide, "bfloat16")[0, 0]

@@ -79,6 +79,7 @@ class Tiled:
             "neg_inf_bias_rows": "zeros",
             "masked_key_nan": "ignored",
             "masked_value_nan": "propagates",
+            "accumulation": "float32",
         }
 
     # ------------------------------------------------------------------ dtypes
@@ -456,3 +457,23 @@ class Tiled64(Tiled):
     name = "tiled-64"
     block_q = 64
     block_k = 64
+
+
+class TiledPrescaled(Tiled16):
+    """Tiles of 16, with q and k each multiplied by sqrt(|scale|) before Q K^T (the sign
+    of the scale on q), as ONNX's Attention defines it and some kernels do: a legitimate
+    order of the same arithmetic, which rounds where the plain one may be exact. Every
+    `exact` claim of the spec must hold for it too (D = rowsum(dO O) in the backward
+    pass, as in every tiled adapter)."""
+
+    name = "tiled-prescaled"
+
+    def _tile_scores(self, q_t, k_t, scale, softcap):
+        root = np.sqrt(np.abs(scale)).astype(q_t.dtype)
+        sign = q_t.dtype.type(-1 if scale < 0 else 1)
+        s = ((q_t * root) * sign) @ _swap(k_t * root)
+        if softcap is None:
+            return s, None
+        c = s.dtype.type(softcap)
+        t = np.tanh(s / c)
+        return c * t, t
