@@ -119,6 +119,13 @@ def _pad_last(x, width):
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
 
 
+
+def _no_sink(sink, name):
+    """Attention sinks: the framework has no native form, and this adapter composes none."""
+    if sink is not None:
+        raise NotImplementedError(f"{name}: no attention sink (a per-head logit in the"
+                                  " softmax denominator) in the framework's attention op")
+
 class _Layout:
     """Moves (*batch, heads, L, D) inputs to the native (B, T, N, H) layout and back."""
 
@@ -440,22 +447,25 @@ class JaxBackend:
             scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             return _result(_scores(q, k, w, u, v, kind=kind, scale=scale))
 
-    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
+        _no_sink(sink, self.name)
         with self._running():
             q, k, bias = _arrays(q, k, bias)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
             return _result(_weights(q, k, _mask(mask), bias, **params))
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
+        _no_sink(sink, self.name)
         with self._running():
             q, k, v, bias = _arrays(q, k, v, bias)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
             return _result(_sdpa(q, k, v, _mask(mask), bias, **params))
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
+        _no_sink(sink, self.name)
         with self._running():
             q, k, v, d_out, bias = _arrays(q, k, v, d_out, bias)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)

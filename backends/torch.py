@@ -237,6 +237,13 @@ def _device_label(dev: torch.device) -> str:
     return str(dev)
 
 
+
+def _no_sink(sink, name):
+    """Attention sinks: the framework has no native form, and this adapter composes none."""
+    if sink is not None:
+        raise NotImplementedError(f"{name}: no attention sink (a per-head logit in the"
+                                  " softmax denominator) in the framework's attention op")
+
 class TorchBackend:
     """The attention interface on PyTorch (CPU by default; ``device="cuda"``, ``"cuda:N"``)."""
 
@@ -327,8 +334,9 @@ class TorchBackend:
                 raise ValueError(f"unknown score kind {kind!r}")
             return _to_numpy(s)
 
-    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
+        _no_sink(sink, self.name)
         with self._running():
             dt = self._dtype(q)
             tq, tk = _to_torch(q, dt), _to_torch(k, dt)
@@ -339,16 +347,18 @@ class TorchBackend:
                         softcap=softcap, window=window)
             return _to_numpy(p)
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
+        _no_sink(sink, self.name)
         with self._running():
             tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
             out = self._attend(tq, tk, tv, mask=tm, bias=tb, causal=causal, scale=scale,
                           softcap=softcap, window=window)
             return _to_numpy(out)
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
+        _no_sink(sink, self.name)
         with self._running():
             tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
             leaves = tuple(t.requires_grad_() for t in (tq, tk, tv))

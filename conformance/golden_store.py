@@ -179,7 +179,7 @@ class GoldenStore:
         key = entry_key(case.id, variant.label, dtype, policy)
         try:
             return {name: (data[f"{key}/{name}"], float(data[f"{key}/{name}.plain_error"]))
-                    for name in OPS[case.op].outputs}
+                    for name in OPS[case.op].outputs_for(case.inputs)}
         except KeyError:
             raise GoldenError(f"no golden entry {key} in {case.topic}.npz "
                               "(run: attention-conformance golden regenerate)") from None
