@@ -138,6 +138,9 @@ class TorchFlexBackend(TorchBackend):
 
     name = "torch-flex"
     compiled = False
+    #: sdpa_lse and sinks are unsupported here: the torch backend composes them, which
+    #: would certify no call of this path
+    composes_lse = False
     # Determined on torch 2.13 (CPU, eager): a row whose keys are all masked, or whose
     # scores are all -inf, gets output 0 (flex's safe softmax); flex evaluates mask_mod
     # on the scores, so a NaN key at a masked position is replaced, while a NaN value
