@@ -67,6 +67,13 @@ def dtype_name(a) -> str:
 # --------------------------------------------------------------------------- models
 
 
+
+def _no_sink(sink, name):
+    """Attention sinks: the framework has no native form, and this adapter composes none."""
+    if sink is not None:
+        raise NotImplementedError(f"{name}: no attention sink (a per-head logit in the"
+                                  " softmax denominator) in the framework's attention op")
+
 class Model:
     """A graph being built: inputs with fixed shapes, nodes, outputs, feeds."""
 
@@ -327,15 +334,17 @@ class OnnxAttention:
                                       "Attention form")
         raise ValueError(f"unknown score kind {kind!r}")
 
-    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
+        _no_sink(sink, self.name)
         dt = self._dtype(q)
         zero_v = np.zeros(k.shape[:-1] + (1,), dtype=NP[dt])
         return self._attention(q, k, zero_v, mask=mask, bias=bias, causal=causal,
                                scale=scale, softcap=softcap, window=window, mode=3)
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
+        _no_sink(sink, self.name)
         return self._attention(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
                                softcap=softcap, window=window, mode=None)
 

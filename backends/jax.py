@@ -11,6 +11,14 @@ The adapter is thin: NumPy in, the framework's own public op, NumPy out. Paths p
   padding adds 0·0 terms to q·k and zero columns to the output, which are dropped).
   With ``softcap`` (no native parameter) it is composed from jax.numpy.
 - ``sdpa_vjp``: ``jax.vjp`` of exactly the ``sdpa`` path.
+- ``sdpa_lse``: native, the same call with ``return_residual=True`` (its logsumexp, in
+  float32); with ``softcap``, ``jax.nn.logsumexp`` of the composed scores.
+- ``sink`` (attention_weights, sdpa, sdpa_lse, sdpa_vjp): JAX has none; composed around
+  the native lse, ``lse' = logaddexp(lse, sink)``, ``out' = out exp(lse - lse')``. For
+  ``sdpa_vjp`` with a sink the whole forward is composed (jax.numpy scores,
+  ``jax.nn.logsumexp``) and ``jax.vjp`` runs through it: the native op's residual
+  carries no gradient (``jax.grad`` of its logsumexp is 0, a finding), so ``d_sink``
+  and the sink's share of dq, dk cannot come through it.
 - ``attention_weights``: composed (JAX exposes no probability matrix), masking the
   way the native op does (a large negative fill, not -inf), so that its policies are
   the native op's.
@@ -119,6 +127,8 @@ def _pad_last(x, width):
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
 
 
+
+
 class _Layout:
     """Moves (*batch, heads, L, D) inputs to the native (B, T, N, H) layout and back."""
 
@@ -163,8 +173,10 @@ class _Layout:
 # --------------------------------------------------------------- cores (B, T, N, H)
 
 
-def _native_core(q, k, v, mask, bias, *, causal, scale, window, implementation="xla"):
-    """(B, T, N, Dv) from the native op; mask/bias are (B, 1 or N, T, S) or None."""
+def _native_core(q, k, v, mask, bias, *, causal, scale, window, implementation="xla",
+                 residual=False):
+    """(B, T, N, Dv) from the native op; mask/bias are (B, 1 or N, T, S) or None. With
+    residual, also its logsumexp (B, T, N) (return_residual=True)."""
     is_causal, size, extra = _native_flags(q.shape[1], k.shape[1], causal, window)
     if extra is not None:
         extra = jnp.asarray(extra)[None, None]
@@ -174,12 +186,16 @@ def _native_core(q, k, v, mask, bias, *, causal, scale, window, implementation="
     q, k, v = (_pad_last(x, width) for x in (q, k, v))
     out = jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
-        local_window_size=size, implementation=implementation)
+        local_window_size=size, implementation=implementation, return_residual=residual)
+    if residual:
+        out, lse = out
+        return out[..., :dv], lse
     return out[..., :dv]
 
 
-def _composed_weights(q, k, mask, bias, *, causal, scale, softcap, window):
-    """P (B, N, T, S) by the spec pipeline, in the compute dtype."""
+def _composed_weights(q, k, mask, bias, *, causal, scale, softcap, window, lse=False):
+    """P (B, N, T, S) by the spec pipeline, in the compute dtype (with lse, and the
+    logsumexp (B, N, T) of the same masked scores)."""
     ct = _compute_dtype(q.dtype)
     k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)  # head h reads kv h // G
     s = jnp.einsum("btnh,bsnh->bnts", q.astype(ct), k.astype(ct)) * scale
@@ -192,6 +208,8 @@ def _composed_weights(q, k, mask, bias, *, causal, scale, softcap, window):
         allowed = mask if allowed is None else jnp.logical_and(mask, allowed)
     if allowed is not None:
         s = jnp.where(allowed, s, _fill(ct))
+    if lse:
+        return jax.nn.softmax(s, axis=-1), jax.nn.logsumexp(s, axis=-1)
     return jax.nn.softmax(s, axis=-1)
 
 
@@ -211,6 +229,38 @@ def _sdpa_fn(q, k, v, mask, bias, *, causal, scale, softcap, window, implementat
         out = _composed_core(*args, causal=causal, scale=scale, softcap=softcap,
                              window=window)
     return lay.restore(out.transpose(0, 2, 1, 3))
+
+
+def _with_sink(out, lse, sink):
+    """A sink (no native form) folded in around the native lse: lse' = logaddexp(lse,
+    sink), out' = out exp(lse - lse'), in the compute dtype."""
+    ct = _compute_dtype(out.dtype)
+    lse = lse.astype(ct)
+    if sink is None:
+        return out, lse
+    total = jnp.logaddexp(lse, jnp.broadcast_to(sink[..., None].astype(ct), lse.shape))
+    return (out.astype(ct) * jnp.exp(lse - total)[..., None]).astype(out.dtype), total
+
+
+def _sdpa_lse_fn(q, k, v, mask, bias, sink, *, causal, scale, softcap, window,
+                 implementation="xla", composed=False):
+    """(out, lse) at the inputs' rank: the native op's residual, or composed (softcap; and
+    composed=True, for gradients: the native residual carries no gradient)."""
+    lay = _Layout(q, k, v, mask, bias)
+    if softcap is None and not composed:
+        out, lse = _native_core(lay.q, lay.k, lay.v, lay.mask, lay.bias, causal=causal,
+                                scale=scale, window=window, implementation=implementation,
+                                residual=True)
+        lse = lse.transpose(0, 2, 1)
+    else:
+        p, lse = _composed_weights(lay.q, lay.k, lay.mask, lay.bias, causal=causal,
+                                   scale=scale, softcap=softcap, window=window, lse=True)
+        values = jnp.repeat(lay.v, lay.q.shape[2] // lay.v.shape[2], axis=2).astype(p.dtype)
+        out = jnp.einsum("bnts,bsnh->btnh", p, values).astype(q.dtype)
+    out = lay.restore(out.transpose(0, 2, 1, 3))
+    lse = lay.restore(lse[..., None])[..., 0]
+    out, lse = _with_sink(out, lse, sink)
+    return out, lse.astype(q.dtype)
 
 
 # ----------------------------------------------------------------- jitted entries
@@ -235,6 +285,30 @@ def _sdpa_vjp(q, k, v, d_out, mask, bias, *, causal, scale, softcap, window, imp
     out, pullback = jax.vjp(lambda q, k, v: _sdpa_fn(q, k, v, mask, bias, **params),
                             q, k, v)
     return pullback(d_out.astype(out.dtype))
+
+
+_sdpa_lse = jax.jit(_sdpa_lse_fn, static_argnames=_STATIC)
+
+
+@partial(jax.jit, static_argnames=_STATIC)
+def _sdpa_sink_vjp(q, k, v, d_out, mask, bias, sink, *, causal, scale, softcap, window,
+                   implementation):
+    params = dict(causal=causal, scale=scale, softcap=softcap, window=window,
+                  implementation=implementation, composed=True)
+    out, pullback = jax.vjp(
+        lambda q, k, v, sink: _sdpa_lse_fn(q, k, v, mask, bias, sink, **params)[0],
+        q, k, v, sink)
+    return pullback(d_out.astype(out.dtype))
+
+
+@partial(jax.jit, static_argnames=_STATIC)
+def _sink_weights(q, k, mask, bias, sink, *, causal, scale, softcap, window, implementation):
+    lay = _Layout(q, k, k[..., :1], mask, bias)
+    p, lse = _composed_weights(lay.q, lay.k, lay.mask, lay.bias, causal=causal, scale=scale,
+                               softcap=softcap, window=window, lse=True)
+    p = lay.restore(p)
+    p, _ = _with_sink(p, lay.restore(lse[..., None])[..., 0], sink)
+    return p.astype(q.dtype)
 
 
 @partial(jax.jit, static_argnames=_STATIC)
@@ -401,7 +475,10 @@ class JaxBackend:
         "multi_head_attention": "native: composed projections/heads/w_o around "
                                 "jax.nn.dot_product_attention (MHA layers live in "
                                 "flax, not jax)",
-        "sdpa_vjp": "native: jax.vjp of the sdpa path",
+        "sdpa_vjp": "native: jax.vjp of the sdpa path; composed (jax.numpy, jax.vjp) with a "
+                    "sink, since the native residual carries no gradient",
+        "sdpa_lse": "native: jax.nn.dot_product_attention(return_residual=True); composed "
+                    "with softcap; a sink composed around the native lse (JAX has none)",
     }
 
     implementation = "xla"
@@ -441,26 +518,42 @@ class JaxBackend:
             scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             return _result(_scores(q, k, w, u, v, kind=kind, scale=scale))
 
-    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
-                          softcap=None, window=None):
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
+                          scale=None, softcap=None, window=None):
         with self._running():
-            q, k, bias = _arrays(q, k, bias)
+            q, k, bias, sink = _arrays(q, k, bias, sink)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
+            if sink is not None:
+                return _result(_sink_weights(q, k, _mask(mask), bias, sink, **params))
             return _result(_weights(q, k, _mask(mask), bias, **params))
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
+        if sink is not None:
+            return self.sdpa_lse(q, k, v, mask=mask, bias=bias, sink=sink, causal=causal,
+                                 scale=scale, softcap=softcap, window=window)[0]
         with self._running():
             q, k, v, bias = _arrays(q, k, v, bias)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
             return _result(_sdpa(q, k, v, _mask(mask), bias, **params))
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
         with self._running():
-            q, k, v, d_out, bias = _arrays(q, k, v, d_out, bias)
+            q, k, v, bias, sink = _arrays(q, k, v, bias, sink)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
-            grads = _sdpa_vjp(q, k, v, d_out, _mask(mask), bias, **params)
+            return tuple(_result(x) for x in _sdpa_lse(q, k, v, _mask(mask), bias, sink,
+                                                       **params))
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
+                 scale=None, softcap=None, window=None):
+        with self._running():
+            q, k, v, d_out, bias, sink = _arrays(q, k, v, d_out, bias, sink)
+            params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
+            if sink is not None:
+                grads = _sdpa_sink_vjp(q, k, v, d_out, _mask(mask), bias, sink, **params)
+            else:
+                grads = _sdpa_vjp(q, k, v, d_out, _mask(mask), bias, **params)
             return tuple(_result(g) for g in grads)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):

@@ -13,6 +13,11 @@ Declared policies, and why they hold:
 - ``masked_key_nan: ignored``: disallowed scores are replaced by -inf with ``np.where``,
   so a NaN computed from a masked-out key never reaches the softmax;
 - ``masked_value_nan: propagates``: the output is ``P @ V`` and ``0 * NaN`` is NaN.
+
+``sdpa_lse`` returns ``m + log(l)`` of the same max-subtracted softmax (-inf for a row
+without allowed keys, the lse of the ``zeros`` choice). A ``sink`` is one more score
+column (a key of value 0) in the softmax; its gradient is ``-sum_i p_sink,i D_i`` with
+``D_i = rowsum(dO * O)``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 
-_OPS = ("softmax", "scores", "attention_weights", "sdpa", "self_attention",
+_OPS = ("softmax", "scores", "attention_weights", "sdpa", "sdpa_lse", "self_attention",
         "multi_head_attention", "sdpa_vjp")
 
 #: input dtype name -> dtype the arithmetic is done in
@@ -122,8 +127,26 @@ def _allowed(lq, lk, mask, causal, window):
     return allowed
 
 
-def _probs(q, k, *, mask, bias, causal, scale, softcap, window):
-    """The score pipeline and its softmax: (P, tanh term of the softcap or None, scale)."""
+def _with_sink(s, sink):
+    """Scores with the sink appended as a last column (a key of value 0), or s itself."""
+    if sink is None:
+        return s
+    column = np.broadcast_to(np.asarray(sink, dtype=s.dtype)[..., None, None],
+                             s.shape[:-1] + (1,))
+    return np.concatenate([s, column], axis=-1)
+
+
+def _lse(s):
+    """Natural log of each row's softmax denominator, m + log(sum(exp(s - m))); an all
+    -inf row gives NaN (-inf minus -inf), as its softmax does."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+        return (m + np.log(np.sum(np.exp(s - m), axis=-1, keepdims=True)))[..., 0]
+
+
+def _probs(q, k, *, mask, bias, causal, scale, softcap, window, sink=None, parts=False):
+    """The score pipeline and its softmax: (P, tanh term of the softcap or None, scale);
+    with parts, (P, tanh term, scale, the sink's weight or None, lse)."""
     ct = q.dtype.type
     scale = ct(1.0 / np.sqrt(q.shape[-1]) if scale is None else scale)
     s = (q @ _swap(k)) * scale
@@ -135,11 +158,19 @@ def _probs(q, k, *, mask, bias, causal, scale, softcap, window):
     if bias is not None:
         s = s + bias
     allowed = _allowed(q.shape[-2], k.shape[-2], mask, causal, window)
-    if allowed is None:
-        return _softmax(s), t, scale
-    s = np.where(allowed, s, -np.inf)  # NaN or inf at a disallowed key never survives
-    p = np.where(allowed.any(axis=-1, keepdims=True), _softmax(s), 0)  # empty rows -> 0
-    return p.astype(q.dtype, copy=False), t, scale
+    if allowed is not None:
+        s = np.where(allowed, s, -np.inf)  # NaN or inf at a disallowed key never survives
+    lk = s.shape[-1]
+    s = _with_sink(s, sink)
+    p = _softmax(s)
+    live = None if allowed is None or sink is not None else allowed.any(axis=-1, keepdims=True)
+    if live is not None:
+        p = np.where(live, p, 0)  # empty rows -> 0
+    p = p.astype(q.dtype, copy=False)
+    if not parts:
+        return p[..., :lk], t, scale
+    lse = _lse(s) if live is None else np.where(live[..., 0], _lse(s), -np.inf)
+    return p[..., :lk], t, scale, (None if sink is None else p[..., lk:]), lse
 
 
 def _sdpa(q, k, v, **kw):
@@ -147,13 +178,19 @@ def _sdpa(q, k, v, **kw):
     return p @ _expand_kv(v, q)
 
 
+def _sdpa_lse(q, k, v, **kw):
+    p, _, _, _, lse = _probs(q, _expand_kv(k, q), parts=True, **kw)
+    return p @ _expand_kv(v, q), lse
+
+
 def _sdpa_vjp(q, k, v, d_out, **kw):
     """Backward pass of sdpa, by hand: O = P V, P = softmax(S), S = pipeline(Q Kᵀ)."""
     k_e, v_e = _expand_kv(k, q), _expand_kv(v, q)
-    p, t, scale = _probs(q, k_e, **kw)
+    p, t, scale, p_sink, _ = _probs(q, k_e, parts=True, **kw)
     dv_e = _swap(p) @ d_out
     dp = d_out @ _swap(v_e)
-    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))  # softmax backward
+    row = np.sum(dp * p, axis=-1, keepdims=True)
+    ds = p * (dp - row)  # softmax backward
     if t is not None:
         ds = ds * (1 - t * t)  # d/ds of c*tanh(s/c)
     ds = ds * scale  # bias and -inf masking pass ds through (0 where P is 0)
@@ -161,7 +198,10 @@ def _sdpa_vjp(q, k, v, d_out, **kw):
     dk_e = _swap(ds) @ q
     dk = _group_sum(_unbroadcast(dk_e, k_e.shape), k.shape)
     dv = _group_sum(_unbroadcast(dv_e, v_e.shape), v.shape)
-    return _unbroadcast(dq, q.shape), dk, dv
+    if p_sink is None:
+        return _unbroadcast(dq, q.shape), dk, dv
+    d_sink = -np.sum(p_sink * row, axis=(-1, -2))       # the sink's value is 0: dP = 0
+    return _unbroadcast(dq, q.shape), dk, dv, _unbroadcast(d_sink, np.shape(kw["sink"]))
 
 
 def _split_heads(x, h):
@@ -220,28 +260,36 @@ class NumpyBackend:
         q, k, w, u, v = (_cast(a, ct) for a in (q, k, w, u, v))
         return _score_kind(q, _expand_kv(k, q), kind, scale, w, u, v).astype(dt)
 
-    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
-                          softcap=None, window=None):
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
+                          scale=None, softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))
-        q, k, bias = (_cast(a, ct) for a in (q, k, bias))
+        q, k, bias, sink = (_cast(a, ct) for a in (q, k, bias, sink))
         p, _, _ = _probs(q, _expand_kv(k, q), mask=mask, bias=bias, causal=causal,
-                         scale=scale, softcap=softcap, window=window)
+                         scale=scale, softcap=softcap, window=window, sink=sink)
         return p.astype(dt)
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))
-        q, k, v, bias = (_cast(a, ct) for a in (q, k, v, bias))
+        q, k, v, bias, sink = (_cast(a, ct) for a in (q, k, v, bias, sink))
         out = _sdpa(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
-                    softcap=softcap, window=window)
+                    softcap=softcap, window=window, sink=sink)
         return out.astype(dt)
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
-                 softcap=None, window=None):
+    def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None,
+                 scale=None, softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))
-        q, k, v, d_out, bias = (_cast(a, ct) for a in (q, k, v, d_out, bias))
+        q, k, v, bias, sink = (_cast(a, ct) for a in (q, k, v, bias, sink))
+        out, lse = _sdpa_lse(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
+                             softcap=softcap, window=window, sink=sink)
+        return out.astype(dt), lse.astype(dt)
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
+                 scale=None, softcap=None, window=None):
+        dt, ct = _dtypes(np.asarray(q))
+        q, k, v, d_out, bias, sink = (_cast(a, ct) for a in (q, k, v, d_out, bias, sink))
         grads = _sdpa_vjp(q, k, v, d_out, mask=mask, bias=bias, causal=causal,
-                          scale=scale, softcap=softcap, window=window)
+                          scale=scale, softcap=softcap, window=window, sink=sink)
         return tuple(g.astype(dt) for g in grads)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):

@@ -122,6 +122,13 @@ def _lift(t, rank):
     return None if t is None else t.reshape([1] * (rank - t.ndim) + list(t.shape))
 
 
+
+def _no_sink(sink, name):
+    """Attention sinks: the framework has no native form, and this adapter composes none."""
+    if sink is not None:
+        raise NotImplementedError(f"{name}: no attention sink (a per-head logit in the"
+                                  " softmax denominator) in the framework's attention op")
+
 class _Layout:
     """(*batch, heads, L, D) tensors as the op's (B, L, H, D), and back (paddle ops)."""
 
@@ -308,8 +315,9 @@ class PaddleBackend:
             raise ValueError(f"unknown score kind {kind!r}")
         return _to_numpy(s)
 
-    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
+        _no_sink(sink, self.name)
         dt = self._dtype(q)
         tq, tk = _to_paddle(q, dt), _to_paddle(k, dt)
         tb = None if bias is None else _to_paddle(bias, dt)
@@ -319,8 +327,9 @@ class PaddleBackend:
                     softcap=softcap, window=window)
         return _to_numpy(p)
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
+        _no_sink(sink, self.name)
         dt = self._dtype(q)
         tq, tk, tv = (_to_paddle(a, dt) for a in (q, k, v))
         tb = None if bias is None else _to_paddle(bias, dt)
@@ -328,8 +337,9 @@ class PaddleBackend:
                       softcap=softcap, window=window)
         return _to_numpy(out)
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
+        _no_sink(sink, self.name)
         dt = self._dtype(q)
         leaves = [_to_paddle(a, dt) for a in (q, k, v)]
         for t in leaves:

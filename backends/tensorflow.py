@@ -89,6 +89,13 @@ def _sig(*arrays):
                  for a in arrays)
 
 
+
+def _no_sink(sink, name):
+    """Attention sinks: the framework has no native form, and this adapter composes none."""
+    if sink is not None:
+        raise NotImplementedError(f"{name}: no attention sink (a per-head logit in the"
+                                  " softmax denominator) in the framework's attention op")
+
 class _Runner:
     """Run a computation eagerly, or through a tf.function once its key has spent
     about one trace's worth of eager time (a ski-rental rule)."""
@@ -349,8 +356,9 @@ class TensorflowBackend:
 
     # ------------------------------------------------------------ attention
 
-    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
+        _no_sink(sink, self.name)
         dtype = _dtype_name(q, k)
         lk = k.shape[-2]
         if softcap is None:  # P = softmax(...)·I, computed by the native op itself
@@ -382,14 +390,16 @@ class TensorflowBackend:
 
         return key, fn, [_tensor(a) for a in (q, k, v, mask4, bias4)]
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
+        _no_sink(sink, self.name)
         dtype = _dtype_name(q, k, v)
         key, fn, args = self._sdpa_call(q, k, v, mask, bias, causal, scale, softcap, window)
         return _numpy(self._run(("sdpa",) + key, fn, *args), dtype)
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
+        _no_sink(sink, self.name)
         dtype = _dtype_name(q, k, v)
         key, fn, args = self._sdpa_call(q, k, v, mask, bias, causal, scale, softcap, window)
 

@@ -31,6 +31,12 @@ The composed softcap path reproduces the native op's declared policies: disallow
 positions are *added* as ``-inf`` (so a NaN score stays NaN, as in SDPA), and a row
 with no allowed key gets zero weights (and zero gradients), as SDPA gives.
 
+- ``sdpa_lse``: composed, ``torch.logsumexp`` and ``torch.softmax`` of the score
+  pipeline: torch has no public op that returns the log-sum-exp (the private
+  ``_scaled_dot_product_flash_attention_for_cpu`` returns one, 0 on a row without keys).
+- ``sink`` (attention_weights, sdpa, sdpa_lse, sdpa_vjp): composed, the sink as one more
+  score column of value 0; SDPA has no sink. d_sink by ``torch.autograd.grad``.
+
 Known difference (torch 2.13 CPU, kept visible on purpose): with ``is_causal=True``
 (top-left causal alone, or bottom-right with Lq == Lk) and Dk == Dv, SDPA takes its
 flash kernel, which ignores a NaN in a causally hidden key (and, past one key block,
@@ -191,6 +197,37 @@ def _composed(q, k, v, allowed, bias, scale, softcap, gqa) -> torch.Tensor:
     return torch.matmul(p, v)
 
 
+def _composed_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
+                  softcap=None, window=None):
+    """(softmax(s) v, logsumexp(s)) of the score pipeline s with torch ops; a sink is one
+    more score column (a key of value 0). torch has no public op returning the lse."""
+    gqa = _is_gqa(q, k)
+    q, k, v = _broadcast(q, k, v, mask, bias, gqa)
+    lq, lk = q.shape[-2], k.shape[-2]
+    if gqa:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        if softcap <= 0:
+            raise ValueError(f"softcap must be positive, got {softcap}")
+        s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias
+    allowed = _and(mask, _allowed(lq, lk, causal, window))
+    if allowed is not None:
+        # added, not filled, as SDPA does: a NaN score at a disallowed key stays NaN
+        s = s + torch.zeros((), dtype=s.dtype).masked_fill(~allowed, -math.inf)
+    if sink is not None:
+        s = torch.cat([s, sink[..., None, None].to(s.dtype).expand(*s.shape[:-1], 1)], dim=-1)
+    lse = torch.logsumexp(s, dim=-1)             # -inf for a row without keys
+    empty = torch.isneginf(s).all(dim=-1, keepdim=True)
+    zero = torch.zeros((), dtype=s.dtype)
+    p = torch.where(empty, zero, torch.softmax(torch.where(empty, zero, s), dim=-1))
+    return torch.matmul(p[..., :lk], v), lse
+
+
 def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """(..., L, heads*D) -> (..., heads, L, D); head h takes columns [h*D, (h+1)*D)."""
     return x.unflatten(-1, (heads, x.shape[-1] // heads)).movedim(-2, -3)
@@ -237,6 +274,7 @@ def _device_label(dev: torch.device) -> str:
     return str(dev)
 
 
+
 class TorchBackend:
     """The attention interface on PyTorch (CPU by default; ``device="cuda"``, ``"cuda:N"``)."""
 
@@ -257,16 +295,24 @@ class TorchBackend:
         "softmax": "native: torch.softmax",
         "scores": "composed: torch.matmul / torch.tanh (torch has no score-function API)",
         "attention_weights": "native: F.scaled_dot_product_attention with V = identity(Lk) "
-                             "(keeps SDPA's masking); composed with softcap",
+                             "(keeps SDPA's masking); composed with softcap, and with a sink "
+                             "(one more score column of value 0: SDPA has no sink)",
         "sdpa": "native: F.scaled_dot_product_attention (is_causal, causal_lower_right, "
                 "enable_gqa; mask/causal/window/bias folded into attn_mask); "
-                "composed (torch ops) only with softcap",
+                "composed (torch ops) only with softcap, and with a sink (SDPA has none)",
         "self_attention": "composed projections (torch.matmul), then native SDPA",
         "multi_head_attention": "native: torch.nn.MultiheadAttention (bias=False); composed "
                                 "(torch.matmul + SDPA enable_gqa) for grouped-query or head "
                                 "sizes the module cannot express",
-        "sdpa_vjp": "native: torch.autograd.grad through the sdpa path",
+        "sdpa_vjp": "native: torch.autograd.grad through the sdpa path (through the composed "
+                    "path with a sink: d_sink)",
+        "sdpa_lse": "composed: torch.logsumexp and softmax of the score pipeline (torch has "
+                    "no public op returning the lse; the private "
+                    "_scaled_dot_product_flash_attention_for_cpu gives 0 on rows without keys)",
     }
+
+    #: whether sdpa_lse and sinks take the composed path (a kernel's own backend: no)
+    composes_lse = True
 
     #: True for kernels that exist only on CUDA (their default device is then cuda)
     cuda_only = False
@@ -331,33 +377,66 @@ class TorchBackend:
                 raise ValueError(f"unknown score kind {kind!r}")
             return _to_numpy(s)
 
-    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
-                          softcap=None, window=None):
+    def _lse_path(self, sink):
+        """The composed path of sdpa_lse and of sinks, or NotImplementedError for a kernel's
+        own backend (it certifies that kernel, which returns no lse and has no sink)."""
+        if not self.composes_lse:
+            raise NotImplementedError(f"{self.name}: the kernel returns no lse and has no"
+                                      " attention sink" if sink is None else
+                                      f"{self.name}: no attention sink in the kernel")
+        return _composed_lse
+
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
+                          scale=None, softcap=None, window=None):
         with self._running():
             dt = self._dtype(q)
             tq, tk = _to_torch(q, dt), _to_torch(k, dt)
             tm, tb = _mask_to_torch(mask), None if bias is None else _to_torch(bias, dt)
             lk = tk.shape[-2]
             eye = torch.eye(lk, dtype=dt).expand(*tk.shape[:-2], lk, lk)  # SDPA(q, k, I) = P
-            p = self._attend(tq, tk, eye, mask=tm, bias=tb, causal=causal, scale=scale,
-                        softcap=softcap, window=window)
+            if sink is not None:
+                p, _ = self._lse_path(sink)(tq, tk, eye, mask=tm, bias=tb,
+                                            sink=_to_torch(sink, dt), causal=causal,
+                                            scale=scale, softcap=softcap, window=window)
+            else:
+                p = self._attend(tq, tk, eye, mask=tm, bias=tb, causal=causal, scale=scale,
+                                 softcap=softcap, window=window)
             return _to_numpy(p)
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
+        if sink is not None:
+            return self.sdpa_lse(q, k, v, mask=mask, bias=bias, sink=sink, causal=causal,
+                                 scale=scale, softcap=softcap, window=window)[0]
         with self._running():
             tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
             out = self._attend(tq, tk, tv, mask=tm, bias=tb, causal=causal, scale=scale,
-                          softcap=softcap, window=window)
+                               softcap=softcap, window=window)
             return _to_numpy(out)
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
+        path = self._lse_path(sink)
+        with self._running():
+            tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
+            ts = None if sink is None else _to_torch(sink, tq.dtype)
+            out, lse = path(tq, tk, tv, mask=tm, bias=tb, sink=ts, causal=causal, scale=scale,
+                            softcap=softcap, window=window)
+            return _to_numpy(out), _to_numpy(lse)
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
+                 scale=None, softcap=None, window=None):
+        path = None if sink is None else self._lse_path(sink)
         with self._running():
             tq, tk, tv, tm, tb = self._sdpa_inputs(q, k, v, mask, bias)
             leaves = tuple(t.requires_grad_() for t in (tq, tk, tv))
-            out = self._attend(*leaves, mask=tm, bias=tb, causal=causal, scale=scale,
-                          softcap=softcap, window=window)
+            if path is None:
+                out = self._attend(*leaves, mask=tm, bias=tb, causal=causal, scale=scale,
+                                   softcap=softcap, window=window)
+            else:
+                leaves += (_to_torch(sink, tq.dtype).requires_grad_(),)
+                out, _ = path(*leaves[:3], mask=tm, bias=tb, sink=leaves[3], causal=causal,
+                              scale=scale, softcap=softcap, window=window)
             grads = torch.autograd.grad(out, leaves, _to_torch(d_out, tq.dtype))
             return tuple(_to_numpy(g) for g in grads)
 

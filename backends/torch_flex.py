@@ -24,6 +24,10 @@ broadcasts them to (B, Hq, Lq, Lk) itself, under NumPy rules, for the mods to in
 - ``sdpa_vjp``: ``torch.autograd.grad`` through flex_attention. On the CPU, torch 2.13
   refuses it ("FlexAttention does not support backward on CPU"), so those tests are
   unsupported there with torch's reason; on CUDA it runs.
+- ``sdpa_lse``: flex_attention with ``return_aux=AuxRequest(lse=True)``, its own lse
+  (-inf on a row without keys); a ``sink`` (flex has none) is folded in around that lse:
+  ``lse' = logaddexp(lse, sink)``, ``out' = out exp(lse - lse')``, for attention_weights,
+  sdpa, sdpa_lse and sdpa_vjp;
 - ``softmax`` and ``scores`` call no flex_attention: unsupported (the torch backend
   certifies them).
 
@@ -43,7 +47,7 @@ import warnings
 
 import torch
 import torch.nn.attention.flex_attention as flex_module
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 from .torch import (TorchBackend, _allowed, _and, _broadcast, _is_gqa, _mask_to_torch,
                     _mha_composed, _to_numpy, _to_torch)
@@ -138,6 +142,17 @@ class TorchFlexBackend(TorchBackend):
 
     name = "torch-flex"
     compiled = False
+    def _lse_path(self, sink):
+        """flex's own lse; a sink folded in around it: lse' = logaddexp(lse, sink) and
+        out' = out exp(lse - lse') (flex has no sink: composed on its native lse)."""
+        def path(q, k, v, *, sink=None, **params):
+            out, lse = self._attend(q, k, v, lse=True, **params)
+            if sink is None:
+                return out, lse
+            column = sink[..., None].to(lse.dtype).expand(lse.shape)
+            total = torch.logaddexp(lse, column)
+            return out * torch.exp(lse - total)[..., None], total
+        return path
     # Determined on torch 2.13 (CPU, eager): a row whose keys are all masked, or whose
     # scores are all -inf, gets output 0 (flex's safe softmax); flex evaluates mask_mod
     # on the scores, so a NaN key at a masked position is replaced, while a NaN value
@@ -174,6 +189,9 @@ class TorchFlexBackend(TorchBackend):
             "scores": "not run: calls no flex_attention (the torch backend certifies it)",
             "attention_weights": f"native: {on} with V = identity(Lk) ({mods})",
             "sdpa": f"native: {on} ({mods})",
+            "sdpa_lse": f"native: {on} with return_aux=AuxRequest(lse=True); a sink composed "
+                        "around it (lse' = logaddexp(lse, sink), out' = out exp(lse - lse'):"
+                        " flex has no sink)",
             "sdpa_vjp": f"native: torch.autograd.grad through {on} (torch refuses flex's "
                         "backward on the CPU)",
             "self_attention": f"composed projections (torch.matmul), then {on}",
@@ -184,7 +202,8 @@ class TorchFlexBackend(TorchBackend):
     # ------------------------------------------------------------ the flex path
 
     def _attend(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
-                softcap=None, window=None):
+                softcap=None, window=None, lse=False):
+        """flex_attention's output (and, with lse, its log-sum-exp: AuxRequest(lse=True))."""
         if causal not in _CAUSAL:
             raise ValueError(f"causal must be one of {_CAUSAL}, got {causal!r}")
         if softcap is not None and softcap <= 0:
@@ -214,9 +233,13 @@ class TorchFlexBackend(TorchBackend):
         with warnings.catch_warnings(), _collector_paused(), _hop_called_directly(direct):
             # eager flex warns (once) that it is not compiled: paths says so already
             warnings.filterwarnings("ignore", message="flex_attention called without")
+            aux = {"return_aux": AuxRequest(lse=True)} if lse else {}
             out = self._flex(q4, k4, v4, score_mod=score_mod, block_mask=block_mask,
                              scale=None if scale is None else float(scale),
-                             enable_gqa=gqa)
+                             enable_gqa=gqa, **aux)
+        if lse:
+            out, extra = out
+            return out.reshape(out_shape), extra.lse.reshape(out_shape[:-1]).to(out.dtype)
         return out.reshape(out_shape)
 
     # ------------------------------------------------------------ operations

@@ -82,6 +82,9 @@ class _KernelBackend(TorchBackend):
     kernel: SDPBackend
     label: str
     _attend = staticmethod(_attend_4d)
+    #: sdpa_lse and sinks are unsupported here: the torch backend composes them, which
+    #: would certify no call of this path
+    composes_lse = False
 
     def __init__(self, device=None):
         super().__init__(device)

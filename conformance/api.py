@@ -123,8 +123,9 @@ class GoldenCase:
 
     @property
     def outputs(self) -> tuple:
-        """Names of the op's outputs ('out', or dq, dk, dv for sdpa_vjp)."""
-        return OPS[self.case.op].outputs
+        """Names of the op's outputs ('out'; out, lse for sdpa_lse; dq, dk, dv for
+        sdpa_vjp, and d_sink when the case has a sink)."""
+        return OPS[self.case.op].outputs_for(self.case.inputs)
 
     @property
     def policies(self) -> tuple:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .dtypes import dtype_name, numpy_dtype
-from .ops import OPS, output_shapes
+from .ops import OPS, output_shapes, outputs_for
 from .outcomes import BackendCrashed, BackendRaised, CheckFailure, Unsupported
 
 
@@ -32,10 +32,13 @@ def call_backend(backend, op, arrays, params):
         raise Unsupported(str(exc) or type(exc).__name__) from None
     except Exception as exc:
         raise BackendRaised(exc) from exc
-    if len(spec.outputs) == 1:
+    outputs = spec.outputs_for(arrays)
+    if len(outputs) == 1:
         return (result,)
-    if not isinstance(result, (tuple, list)) or len(result) != len(spec.outputs):
-        raise CheckFailure(f"{op} must return a tuple {spec.outputs}, got {type(result).__name__}")
+    if not isinstance(result, (tuple, list)) or len(result) != len(outputs):
+        got = type(result).__name__ + (f" of {len(result)}" if isinstance(result, (tuple, list))
+                                       else "")
+        raise CheckFailure(f"{op} must return a tuple {outputs}, got {got}")
     return tuple(result)
 
 
@@ -43,7 +46,7 @@ def checked_outputs(op, raw, arrays, params, dtype) -> dict:
     """output name -> float64 copy of each output, after checking type, shape and dtype."""
     shapes = output_shapes(op, {n: a.shape for n, a in arrays.items()}, params)
     return {name: _validated(name, value, shape, dtype)
-            for name, value, shape in zip(OPS[op].outputs, raw, shapes)}
+            for name, value, shape in zip(outputs_for(op, arrays), raw, shapes)}
 
 
 def _validated(name, value, shape, dtype) -> np.ndarray:

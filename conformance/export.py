@@ -227,7 +227,7 @@ def _case_record(case, golden: GoldenCase, entries: list, shapes: list) -> dict:
     return {"id": case.id, "topic": case.topic, "op": case.op,
             "tags": case_tags(case, shapes),
             "description": case.description, "source": case.source,
-            "positional": list(OPS[case.op].positional), "outputs": list(OPS[case.op].outputs),
+            "positional": list(OPS[case.op].positional), "outputs": list(OPS[case.op].outputs_for(case.inputs)),
             "params": jsonable(golden.params), "dtypes": list(case.dtypes),
             "expect": jsonable(case.expect),
             "golden": golden.has_golden, "entries": entries}
@@ -376,8 +376,8 @@ attention-conformance package.
   rule, `tags` (tag -> meaning), `files` (every file of this folder but `index.json`
   itself -> its sha256) and `cases`: for each case its `id`, `topic`, `op` (the
   attention operation), `tags` (below), `description`, `source`, `positional` (the op's
-  positional inputs, in order), `outputs` (output names: `out`, or `dq`, `dk`, `dv` for
-  `sdpa_vjp`), `params` (the op's keyword parameters: `causal`, `scale`, `window`, ...),
+  positional inputs, in order), `outputs` (output names: `out`; `out`, `lse` for
+  `sdpa_lse`; `dq`, `dk`, `dv`, and `d_sink` with a `sink`, for `sdpa_vjp`), `params` (the op's keyword parameters: `causal`, `scale`, `window`, ...),
   `expect` (the case's expectations as the spec writes them, e.g. exact values) and
   `entries`, one per shape variant and dtype: `file`, `variant`, `dims`, `dtype`,
   `inputs` (shape, dtype and storage dtype of each input) and `expected` (one branch

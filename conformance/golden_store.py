@@ -184,7 +184,7 @@ class GoldenStore:
                 else ".plain_error")
         try:
             return {name: (data[f"{key}/{name}"], float(data[f"{key}/{name}{tier}"]))
-                    for name in OPS[case.op].outputs}
+                    for name in OPS[case.op].outputs_for(case.inputs)}
         except KeyError:
             raise GoldenError(f"no golden entry {key} in {case.topic}.npz "
                               "(run: attention-conformance golden regenerate)") from None

@@ -31,10 +31,22 @@ class Op:
     policy_aware: bool                # its result depends on the declared policies
     fuzzed: bool                      # drawn by `attention-conformance fuzz`
     summary: str
+    #: outputs that follow `outputs` only when a keyword input is given: (output, input)
+    optional_outputs: tuple[tuple[str, str], ...] = ()
 
     @property
     def inputs(self) -> tuple[str, ...]:
         return self.positional + self.keyword_inputs
+
+    def outputs_for(self, inputs) -> tuple[str, ...]:
+        """The outputs of a call with these input names: `outputs`, then each optional
+        output whose input is given (sdpa_vjp with `sink` also returns `d_sink`)."""
+        return self.outputs + tuple(out for out, given in self.optional_outputs
+                                    if given in inputs)
+
+    @property
+    def all_outputs(self) -> tuple[str, ...]:
+        return self.outputs + tuple(out for out, _ in self.optional_outputs)
 
 
 _PIPELINE = ("causal", "scale", "softcap", "window")
@@ -45,11 +57,14 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("scores", ("q", "k"), ("w", "u", "v"), ("kind", "scale"), ("kind",), ("out",),
        shapes.scores, ("q",), ("k",), False, False,
        "the score matrix of a score function: dot, scaled_dot, bilinear or additive"),
-    Op("attention_weights", ("q", "k"), ("mask", "bias"), _PIPELINE, (), ("out",),
+    Op("attention_weights", ("q", "k"), ("mask", "bias", "sink"), _PIPELINE, (), ("out",),
        shapes.attention_weights, ("q",), ("k",), True, True,
        "softmax(q kᵀ · scale + bias, masked) over the keys"),
-    Op("sdpa", ("q", "k", "v"), ("mask", "bias"), _PIPELINE, (), ("out",), shapes.sdpa,
+    Op("sdpa", ("q", "k", "v"), ("mask", "bias", "sink"), _PIPELINE, (), ("out",), shapes.sdpa,
        ("q",), ("k", "v"), True, True, "scaled dot-product attention: weights @ v"),
+    Op("sdpa_lse", ("q", "k", "v"), ("mask", "bias", "sink"), _PIPELINE, (), ("out", "lse"),
+       shapes.sdpa_lse, ("q",), ("k", "v"), True, True,
+       "sdpa and the natural log-sum-exp of each row's scores (FlashAttention's softmax_lse)"),
     Op("self_attention", ("x", "w_q", "w_k", "w_v"), ("mask",), ("causal",), (), ("out",),
        shapes.self_attention, ("x",), ("x",), True, False,
        "sdpa of x w_q, x w_k, x w_v (one head)"),
@@ -57,14 +72,20 @@ OPS: dict[str, Op] = {op.name: op for op in (
        ("num_heads", "num_kv_heads", "causal"), ("num_heads",), ("out",),
        shapes.multi_head_attention, ("query",), ("key", "value"), True, False,
        "projections, heads (grouped-query with num_kv_heads), sdpa, output projection"),
-    Op("sdpa_vjp", ("q", "k", "v", "d_out"), ("mask", "bias"), _PIPELINE, (),
+    Op("sdpa_vjp", ("q", "k", "v", "d_out"), ("mask", "bias", "sink"), _PIPELINE, (),
        ("dq", "dk", "dv"), shapes.sdpa_vjp, ("q",), ("k", "v"), True, True,
-       "the gradients of sdpa for an upstream gradient d_out"),
+       "the gradients of sdpa for an upstream gradient d_out (and d_sink with a sink)",
+       (("d_sink", "sink"),)),
 )}
 
 
 def op(name: str) -> Op:
     return OPS[name]
+
+
+def outputs_for(name: str, inputs) -> tuple[str, ...]:
+    """Names of op `name`'s outputs for a call with these input names."""
+    return OPS[name].outputs_for(inputs)
 
 
 def output_shapes(name: str, input_shapes: dict, params: dict) -> tuple[tuple, ...]:

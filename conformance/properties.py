@@ -221,3 +221,66 @@ def output_in_value_hull(ctx: Context):
         where = tuple(int(i) for i in np.argwhere(outside)[0])
         raise CheckFailure(f"output {float(out[where])!r} at {list(where)} lies outside the"
                            " values' range")
+
+
+# --- the log-sum-exp of sdpa_lse ------------------------------------------------------
+
+def _key_half(ctx, arrays, keep, keys):
+    """The inputs of a call on the keys `keys` (a slice over Lk): k, v and the bias cut,
+    causal and window folded into the mask (a key's position changes in a half)."""
+    half = {n: a for n, a in arrays.items() if n not in ("mask", "sink")}
+    for name in _key_side(ctx):
+        half[name] = arrays[name][..., keys, :]
+    if "bias" in arrays and arrays["bias"].shape[-1] > 1:
+        half["bias"] = arrays["bias"][..., keys]
+    half["mask"] = np.ascontiguousarray(keep[..., keys])
+    return half
+
+
+def _merged(outs, lses):
+    """(out, lse) of key halves merged: lse = log(sum exp(lse_i)), out = sum exp(lse_i -
+    lse) out_i; a row no half sees stays (0, -inf)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        lse = np.logaddexp(*lses)
+        finite = np.isfinite(lse)
+        base = np.where(finite, lse, 0.0)
+        out = sum(np.where(np.isfinite(lse_i) & finite, np.exp(lse_i - base), 0.0)[..., None]
+                  * out_i for out_i, lse_i in zip(outs, lses))
+    return out, lse
+
+
+@prop
+def split_kv_merge(ctx: Context, split: int | None = None):
+    """sdpa_lse on keys [0, m) and [m, Lk) (the sink with the first half), merged with
+    weights exp(lse_i - lse), equals sdpa_lse on all keys: split-KV decoding and ring
+    attention merge partial results this way."""
+    out, lse = ctx.outputs["out"], ctx.outputs["lse"]
+    lk = ctx.arrays["k"].shape[-2]
+    m = lk // 2 if split is None else split
+    if not 0 < m < lk:
+        raise CheckFailure(f"split {m} does not cut {lk} keys into two non-empty halves")
+    keep = reference.allowed_keys(ctx.arrays["q"].shape[-2], lk, causal=ctx.params.get("causal"),
+                                  window=ctx.params.get("window"))
+    if "mask" in ctx.arrays:
+        keep = keep & ctx.arrays["mask"]
+    first = _key_half(ctx, ctx.arrays, keep, slice(0, m))
+    if "sink" in ctx.arrays:
+        first["sink"] = ctx.arrays["sink"]
+    params = {"causal": None, "window": None}       # folded into the halves' masks
+    halves = [ctx.call(first, **params),
+              ctx.call(_key_half(ctx, ctx.arrays, keep, slice(m, lk)), **params)]
+    got_out, got_lse = _merged([h[0] for h in halves], [h[1] for h in halves])
+    same = np.isfinite(got_lse) == np.isfinite(lse)
+    if not np.all(same):
+        where = tuple(int(i) for i in np.argwhere(~same)[0])
+        raise CheckFailure(f"merged lse of keys [0, {m}) and [{m}, {lk}) is"
+                           f" {float(got_lse[where])!r} at {list(where)}, the lse of all keys"
+                           f" {float(lse[where])!r}")
+    finite = np.isfinite(lse)
+    size = float(np.max(np.abs(lse[finite]), initial=1.0))
+    _close(np.where(finite, got_lse, 0.0), np.where(finite, lse, 0.0), _tol(ctx, size),
+           f"lse of keys [0, {m}) and [{m}, {lk}) merged vs lse of all keys")
+    # each half's lse is off by a rounding of |lse|, which scales its weight by as much
+    magnitude = float(np.max(np.abs(out), initial=1.0)) * max(1.0, size)
+    _close(got_out, out, _tol(ctx, magnitude),
+           f"output of keys [0, {m}) and [{m}, {lk}) merged vs output of all keys")

@@ -187,8 +187,23 @@ def _one_rounding_off(s, magnitude=0.0):
         return _r(s + 2.0 * UNIT_ROUNDOFF[dtype] * signs * bound)
 
 
-def _weights(s, keep, policy):
-    """Softmax over keys of the scores s, with disallowed keys (keep False) at zero."""
+def _weights(s, keep, policy, sink=None):
+    """Softmax over keys of the scores s, with disallowed keys (keep False) at zero.
+
+    sink (a logit per row, shaped like a score column, or None): a virtual key with
+    zero value that joins the denominator; a row with a sink is never empty."""
+    return _softmax_parts(s, keep, policy, sink)[0]
+
+
+def _softmax_parts(s, keep, policy, sink=None):
+    """(weights, the sink's weight or None, lse): the softmax of _weights and the natural
+    log of its denominator, sum over allowed keys of exp(s) (+ exp(sink)); an empty row
+    gets the lse of its policy's choice (zeros: -inf, uniform: log Lk, nan: NaN)."""
+    lk = s.shape[-1]
+    if sink is not None:
+        column = np.broadcast_to(sink, s.shape[:-1] + (1,))
+        s = np.concatenate([s, column], axis=-1)
+        keep = np.concatenate([keep, np.ones(column.shape, dtype=bool)], axis=-1)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         if policy["masked_key_nan"] in ("ignored", "per_row"):    # per_row may ignore it
             masked = np.where(keep, s, -np.inf)
@@ -197,11 +212,20 @@ def _weights(s, keep, policy):
         top = np.max(masked, axis=-1, keepdims=True)
         finite_top = np.where(np.isfinite(top), top, 0.0)
         e = _r(np.exp(_r(masked - finite_top)))
-        p = _r(e / _sum(e, -1))
+        total = _sum(e, -1)
+        p = _r(e / total)
+        lse = _r(finite_top + _r(np.log(total)))
     no_key = ~np.any(keep, axis=-1, keepdims=True)
     only_neg_inf = ~no_key & np.all(np.where(keep, s == -np.inf, True), axis=-1, keepdims=True)
-    p = _empty_rows(p, no_key, policy["fully_masked_rows"])
-    return _empty_rows(p, only_neg_inf, policy["neg_inf_bias_rows"])
+    p_sink = None
+    if sink is not None:
+        p, p_sink = p[..., :lk], p[..., lk:]
+    for rows, name in ((no_key, "fully_masked_rows"), (only_neg_inf, "neg_inf_bias_rows")):
+        p = _empty_rows(p, rows, policy[name])
+        if p_sink is not None:
+            p_sink = _empty_rows(p_sink, rows, policy[name], 0.0)
+        lse = _empty_lse(lse, rows, policy[name], lk)
+    return p, p_sink, lse[..., 0]
 
 
 def _nan_rows(s, keep, policy):
@@ -217,10 +241,18 @@ def _nan_rows(s, keep, policy):
             | (only_neg_inf & (policy["neg_inf_bias_rows"] == "nan")))
 
 
-def _empty_rows(p, rows, choice):
+def _empty_lse(lse, rows, choice, lk):
+    if not np.any(rows):
+        return lse
+    fill = {"zeros": -np.inf, "uniform": math.log(lk), "nan": np.nan}[choice]
+    return np.where(rows, fill, lse)
+
+
+def _empty_rows(p, rows, choice, uniform=None):
     if not np.any(rows):
         return p
-    fill = {"zeros": 0.0, "uniform": 1.0 / p.shape[-1], "nan": np.nan}[choice]
+    uniform = 1.0 / p.shape[-1] if uniform is None else uniform
+    fill = {"zeros": 0.0, "uniform": uniform, "nan": np.nan}[choice]
     return np.where(rows, fill, p)
 
 
@@ -247,27 +279,41 @@ def _row_block(x, rows, score_shape):
     return x
 
 
-def _block_weights(q, k, mask, bias, rows, keep_rows, score_shape, scale, softcap, policy):
+def _block_weights(q, k, mask, bias, rows, keep_rows, score_shape, scale, softcap, policy,
+                   sink=None):
+    s, keep, (p, _, _) = _block_parts(q, k, mask, bias, rows, keep_rows, score_shape, scale,
+                                      softcap, policy, sink)
+    return s, keep, p
+
+
+def _block_parts(q, k, mask, bias, rows, keep_rows, score_shape, scale, softcap, policy,
+                 sink=None):
+    """Scores, allowed keys and _softmax_parts of the query rows `rows`."""
     s = _logits(q[..., rows, :], k, scale=scale, softcap=softcap,
                 bias=_row_block(bias, rows, score_shape))
     keep = keep_rows
     if mask is not None:
         keep = keep & _row_block(np.asarray(mask, dtype=bool), rows, score_shape)
     keep = np.broadcast_to(keep, s.shape)
-    return s, keep, _weights(s, keep, policy)
+    return s, keep, _softmax_parts(s, keep, policy, _sink_column(sink))
+
+
+def _sink_column(sink):
+    """A sink of shape broadcasting to (*batch, Hq) as a score column (*batch, Hq, 1, 1)."""
+    return None if sink is None else _f64(sink)[..., None, None]
 
 
 def _row_slices(lq):
     return [slice(start, min(start + BLOCK, lq)) for start in range(0, lq, BLOCK)]
 
 
-def attention_weights(q, k, *, mask=None, bias=None, causal=None, scale=None,
+def attention_weights(q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                       softcap=None, window=None, policies=None):
     q, k, _, bias, scale, shape = _prepare(q, k, None, mask, bias, scale)
     policy = _policies(policies)
     keep = allowed_keys(shape[-2], shape[-1], causal=causal, window=window)
     _, _, p = _block_weights(q, k, mask, bias, slice(None), keep, shape, scale, softcap,
-                             policy)
+                             policy, sink)
     return p
 
 
@@ -279,19 +325,32 @@ def _weighted_values(p, keep, v, policy):
     return _r(np.sum(p[..., None] * values, axis=-2))
 
 
-def sdpa(q, k, v, *, mask=None, bias=None, causal=None, scale=None, softcap=None,
-         window=None, policies=None):
+def sdpa(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
+         softcap=None, window=None, policies=None):
+    return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies)[0]
+
+
+def sdpa_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
+             softcap=None, window=None, policies=None):
+    """(sdpa, lse): lse[..., i] = log(sum over allowed keys j of exp(s_ij)) (+ exp(sink)),
+    the natural log of the softmax's denominator; softmax(s)_ij = exp(s_ij - lse_i)."""
+    return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies)
+
+
+def _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies):
     q, k, v, bias, scale, shape = _prepare(q, k, v, mask, bias, scale)
     policy = _policies(policies)
     out_shape = np.broadcast_shapes(shape[:-1] + (1,), v.shape[:-2] + (1, 1))[:-1]
     out = np.empty(out_shape + (v.shape[-1],))
+    lse = np.empty(out_shape)
     for rows in _row_slices(shape[-2]):
         keep_rows = allowed_keys(shape[-2], shape[-1], causal=causal, window=window,
                                  rows=np.arange(shape[-2])[rows])
-        _, keep, p = _block_weights(q, k, mask, bias, rows, keep_rows, shape, scale,
-                                    softcap, policy)
+        _, keep, (p, _, row_lse) = _block_parts(q, k, mask, bias, rows, keep_rows, shape,
+                                                scale, softcap, policy, sink)
         out[..., rows, :] = _weighted_values(p, keep, v, policy)
-    return out
+        lse[..., rows] = row_lse
+    return out, lse
 
 
 # --- gradients ------------------------------------------------------------------------
@@ -309,8 +368,10 @@ def _unbroadcast(grad, shape):
     return grad
 
 
-def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None, policies=None):
+    """(dq, dk, dv), and d_sink with a sink: the sink is a key of value 0 whose weight
+    p_sink gives d_sink = -sum over rows of p_sink * rowsum(d_out * out)."""
     q_shape, k_shape, v_shape = np.shape(q), np.shape(k), np.shape(v)
     q, k, v, bias, scale, shape = _prepare(q, k, v, mask, bias, scale)
     d_out, policy = _f64(d_out), _policies(policies)
@@ -318,17 +379,20 @@ def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
     dq = np.zeros(batch + q.shape[-2:])
     dk = np.zeros(batch + k.shape[-2:])
     dv = np.zeros(batch + v.shape[-2:])
+    d_sink = np.zeros(batch + shape[-2:-1])      # per query row, summed below
     for rows in _row_slices(shape[-2]):
         keep_rows = allowed_keys(shape[-2], shape[-1], causal=causal, window=window,
                                  rows=np.arange(shape[-2])[rows])
-        s, keep, p = _block_weights(q, k, mask, bias, rows, keep_rows, shape, scale,
-                                    softcap, policy)
+        s, keep, (p, p_sink, _) = _block_parts(q, k, mask, bias, rows, keep_rows, shape,
+                                               scale, softcap, policy, sink)
         g = d_out[..., rows, :]
         dv += _r(_mm(np.swapaxes(p, -1, -2), g))
         dp = _matmul_t(g, v)
         if _ROUNDING.get() is not None:
             dp = _one_rounding_off(dp, np.matmul(np.abs(g), np.swapaxes(np.abs(v), -1, -2)))
         row = _sum(_r(dp * p), -1)
+        if p_sink is not None:
+            d_sink[..., rows] = -_r(p_sink * row)[..., 0]
         ds = _r(p * _r(dp - row))
         if _ROUNDING.get() is not None:
             ds = _one_rounding_off(ds, p * (np.abs(dp) + np.abs(row)))
@@ -338,7 +402,20 @@ def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
             ds = _r(ds * _r(1.0 - np.tanh(raw / softcap) ** 2))
         dq[..., rows, :] += _r(_r(_mm(ds, k)) * scale)
         dk += _r(_r(_mm(np.swapaxes(ds, -1, -2), q[..., rows, :])) * scale)
-    return (_unbroadcast(dq, q_shape), _unbroadcast(dk, k_shape), _unbroadcast(dv, v_shape))
+    grads = (_unbroadcast(dq, q_shape), _unbroadcast(dk, k_shape), _unbroadcast(dv, v_shape))
+    if sink is None:
+        return grads
+    return grads + (_unbroadcast_sink(_sum(d_sink, -1)[..., 0], np.shape(sink)),)
+
+
+def _unbroadcast_sink(grad, shape):
+    """Sum a (*batch, Hq) gradient down to the sink's shape."""
+    while grad.ndim > len(shape):
+        grad = grad.sum(axis=0)
+    for axis, size in enumerate(shape):
+        if size == 1 and grad.shape[axis] != 1:
+            grad = grad.sum(axis=axis, keepdims=True)
+    return grad
 
 
 # --- learned projections --------------------------------------------------------------

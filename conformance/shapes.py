@@ -67,19 +67,42 @@ def scores(s, params):
     return (_bcast(q[:-2], k[:-2], what="q and k batch dims") + (q[-2], k[-2]),)
 
 
+def sink(shape, score):
+    """A sink (one logit per query head) broadcasts to the score shape without its last
+    two axes, (*batch, Hq): `(Hq,)`, `(1,)` or `(B, Hq)`."""
+    if shape is None:
+        return
+    if len(shape) < 1:
+        raise ValueError("sink needs at least one dim (one logit per query head)")
+    heads = tuple(score[:-2])
+    if len(shape) > len(heads) or _bcast(shape, heads, what=f"sink against {heads}") != heads:
+        raise ValueError(f"sink {shape} does not broadcast to the score shape's"
+                         f" (*batch, Hq) = {heads}")
+
+
 def attention_weights(s, params):
-    return (attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0],)
+    score = attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0]
+    sink(s.get("sink"), score)
+    return (score,)
 
 
 def sdpa(s, params):
-    return (attention(s["q"], s["k"], s["v"], s.get("mask"), s.get("bias"))[1],)
+    score, out = attention(s["q"], s["k"], s["v"], s.get("mask"), s.get("bias"))
+    sink(s.get("sink"), score)
+    return (out,)
+
+
+def sdpa_lse(s, params):
+    out = sdpa(s, params)[0]
+    return (out, out[:-1])
 
 
 def sdpa_vjp(s, params):
     out = sdpa(s, params)[0]
     if tuple(s["d_out"]) != tuple(out):
         raise ValueError(f"d_out {s['d_out']} is not the output shape {out}")
-    return (s["q"], s["k"], s["v"])
+    grads = (s["q"], s["k"], s["v"])
+    return grads + ((s["sink"],) if s.get("sink") is not None else ())
 
 
 def self_attention(s, params):
@@ -116,7 +139,7 @@ def multi_head_attention(s, params):
 def score_shape(op: str, s: dict, params: dict) -> tuple | None:
     """The shape of the score matrix an op computes on the way (None: it computes none),
     for inputs whose shapes are already known to be consistent."""
-    if op in ("attention_weights", "sdpa", "sdpa_vjp"):
+    if op in ("attention_weights", "sdpa", "sdpa_lse", "sdpa_vjp"):
         return attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0]
     if op == "self_attention":
         return s["x"][:-1] + (s["x"][-2],)

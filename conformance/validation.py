@@ -78,15 +78,19 @@ def _check_exact(case, target, value, arrays, kind="exact") -> list[str]:
     """An `exact` (or `close`) key names an output and an index that fit it, and a value
     whose shape broadcasts to the selection."""
     op = OPS[case.op]
+    outputs = op.outputs_for(case.inputs)
     output, index = split_target(target, op.outputs[0])
-    if output not in op.outputs:
+    if output not in outputs:
+        if output in op.all_outputs:
+            given = dict(op.optional_outputs)[output]
+            return [f"{kind} {target!r}: {case.op} returns {output!r} only with input {given!r}"]
         return [f"{kind} {target!r}: {case.op} has no output {output!r}"]
     shape = output_shapes(case.op, {n: a.shape for n, a in arrays.items()}, case.params)
     try:
-        selection = np.zeros(shape[op.outputs.index(output)])[index]
+        selection = np.zeros(shape[outputs.index(output)])[index]
     except IndexError as exc:
         return [f"{kind} {target!r}: the index does not fit output {output} of shape "
-                f"{shape[op.outputs.index(output)]}: {exc}"]
+                f"{shape[outputs.index(output)]}: {exc}"]
     if isinstance(value, dict):
         if value["input"] not in arrays:
             return [f"{kind} {target!r} refers to unknown input {value['input']!r}"]
@@ -181,9 +185,10 @@ def _check_expect(case, arrays) -> list[str]:
         if stat["name"] not in STATISTICS:
             problems.append(f"unknown statistic {stat['name']!r} (known: {', '.join(sorted(STATISTICS))})")
         output = stat.get("output")
-        if output is not None and output not in OPS[case.op].outputs:
+        outputs = OPS[case.op].outputs_for(case.inputs)
+        if output is not None and output not in outputs:
             problems.append(f"statistic {stat['name']}: {case.op} has no output {output!r}"
-                            f" (its outputs: {', '.join(OPS[case.op].outputs)})")
+                            f" (its outputs: {', '.join(outputs)})")
     return problems
 
 

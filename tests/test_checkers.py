@@ -242,6 +242,18 @@ cases:
         fully_masked_rows:
           zeros: {golden: true}
           uniform: {golden: true}
+  - id: meta-sdpa-lse
+    description: sdpa_lse with a sink; query 1 sees no key of the second half
+    source: tests/test_checkers.py
+    op: sdpa_lse
+    inputs:
+      q: {normal: {shape: [2, 3, 4], seed: 31}}
+      k: {normal: {shape: [2, 6, 4], seed: 32}}
+      v: {normal: {shape: [2, 6, 3], seed: 33}}
+      sink: {values: [0.5, -1.0]}
+      mask: {values: [[true, true, true, true, true, true], [true, false, true, false, false, false], [false, true, false, true, true, false]]}
+    dtypes: [float64]
+    expect: {golden: true}
   - id: meta-weights-mean
     description: weights over 8 keys have a mean of 1/8
     source: tests/test_checkers.py
@@ -331,6 +343,14 @@ class NoNormalisation(NumpyBackend):
     def attention_weights(self, q, k, **kw):
         w = super().attention_weights(q, k, **kw)
         return (w / np.max(w, axis=-1, keepdims=True)).astype(w.dtype)
+
+
+class LseZeroWhenEmpty(NumpyBackend):
+    """A row without allowed keys gets lse 0 (as torch's CPU flash kernel), not -inf."""
+
+    def sdpa_lse(self, q, k, v, **kw):
+        out, lse = super().sdpa_lse(q, k, v, **kw)
+        return out, np.where(np.isneginf(lse), 0.0, lse).astype(lse.dtype)
 
 
 # --- runs and scenarios -----------------------------------------------------------------
@@ -501,6 +521,11 @@ SCENARIOS = {
         "property:output_in_value_hull", prop("output_in_value_hull"),
         Run("meta-sdpa-masked"), Run("meta-sdpa-masked", tamper=setting((0, 1, 0), above_hull)),
         ("property output_in_value_hull: output", "at [0, 1, 0] lies outside the values' range")),
+    "split_kv_merge": Scenario(
+        "property:split_kv_merge", prop("split_kv_merge"),
+        Run("meta-sdpa-lse"), Run("meta-sdpa-lse", backend=LseZeroWhenEmpty(), own=True),
+        ("property split_kv_merge: lse of keys [0, 3) and [3, 6) merged vs lse of all keys:"
+         " differs by",)),
     # --- statistics -----------------------------------------------------------------
     "std": Scenario(
         "statistic:std", stat("std"),

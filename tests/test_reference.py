@@ -277,3 +277,90 @@ def test_the_float32_tier_accumulates_in_float32_and_rounds_once():
         wide = (round_to(a, "bfloat16").astype(np.float32)
                 @ round_to(b, "bfloat16").astype(np.float32)).astype(np.float64)
         assert R._mm(a, b)[0, 0] == round_to(wide, "bfloat16")[0, 0]
+
+
+# --- log-sum-exp and attention sinks -------------------------------------------------
+
+def test_lse_is_the_log_of_each_rows_denominator_by_hand():
+    q, k, v = (np.array(x, dtype=float) for x in ([[1.0, 0.0], [0.0, 2.0]],
+                                                  [[1.0, 1.0], [2.0, 0.0], [0.0, -1.0]],
+                                                  [[1.0], [2.0], [3.0]]))
+    out, lse = R.sdpa_lse(q, k, v, scale=1.0, causal="top_left")
+    assert lse[0] == 1.0                                    # one key: log(exp(1))
+    assert np.isclose(lse[1], math.log(math.exp(2.0) + math.exp(0.0)), rtol=1e-15)
+    assert np.array_equal(out, R.sdpa(q, k, v, scale=1.0, causal="top_left"))
+    p = R.attention_weights(q, k, scale=1.0)
+    assert np.allclose(p, np.exp(q @ k.T - R.sdpa_lse(q, k, v, scale=1.0)[1][:, None]),
+                       rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("choice, lse", [("zeros", -np.inf), ("uniform", math.log(3)),
+                                         ("nan", np.nan)])
+def test_lse_of_an_empty_row_under_each_choice(choice, lse):
+    q, k, v = rng(1).standard_normal((2, 4)), rng(2).standard_normal((3, 4)), rng(3).standard_normal((3, 2))
+    mask = np.array([[False] * 3, [True] * 3])
+    bias = np.where(mask, 0.0, -np.inf)
+    for policy, kw in (("fully_masked_rows", {"mask": mask}), ("neg_inf_bias_rows", {"bias": bias})):
+        got = R.sdpa_lse(q, k, v, **kw, policies={policy: choice})[1]
+        assert np.array_equal(got[:1], [lse], equal_nan=True), (policy, got)
+        assert np.isfinite(got[1])
+
+
+def test_sink_is_a_key_of_value_zero_by_hand():
+    q, k, v = rng(1).standard_normal((2, 3, 4)), rng(2).standard_normal((2, 5, 4)), rng(3).standard_normal((2, 5, 3))
+    sink = np.array([0.7, -2.0])
+    scale = 0.5
+    s = np.concatenate([q @ np.swapaxes(k, -1, -2) * scale,
+                        np.broadcast_to(sink[:, None, None], (2, 3, 1))], axis=-1)
+    p = np.exp(s) / np.exp(s).sum(-1, keepdims=True)
+    out, lse = R.sdpa_lse(q, k, v, sink=sink, scale=scale)
+    assert np.allclose(out, p[..., :5] @ v, rtol=1e-14, atol=1e-15)
+    assert np.allclose(lse, np.log(np.exp(s).sum(-1)), rtol=1e-14)
+    assert np.allclose(R.attention_weights(q, k, sink=sink, scale=scale), p[..., :5], rtol=1e-14)
+    mask = np.zeros((3, 5), dtype=bool)                     # no key: the sink takes it all
+    out, lse = R.sdpa_lse(q, k, v, sink=sink, mask=mask, policies={"fully_masked_rows": "nan"})
+    assert np.array_equal(out, np.zeros_like(out)) and np.allclose(lse, sink[:, None])
+
+
+SINK_GRADIENT_CASES = [
+    dict(),
+    dict(causal="bottom_right", window=(1, None)),
+    dict(softcap=1.5, scale=0.7, mask="random", bias="random"),
+]
+
+
+@pytest.mark.parametrize("params", SINK_GRADIENT_CASES, ids=lambda p: ",".join(p) or "plain")
+@pytest.mark.parametrize("sink_shape", [(4,), (1,), (2, 4)])
+def test_sdpa_vjp_with_a_sink_matches_finite_differences(params, sink_shape):
+    params = dict(params)
+    q, k, v = rng(1).standard_normal((2, 4, 3, 4)), rng(2).standard_normal((2, 2, 5, 4)), rng(3).standard_normal((1, 2, 5, 3))
+    sink = rng(7).standard_normal(sink_shape)
+    if params.get("mask") == "random":
+        params["mask"] = rng(4).random_sample((3, 5)) < 0.6
+        params["mask"][1] = False                           # a row only the sink sees
+        params["bias"] = rng(5).standard_normal((5,))
+    d_out = rng(6).standard_normal((2, 4, 3, 3))
+    grads = R.sdpa_vjp(q, k, v, d_out, sink=sink, **params)
+    assert len(grads) == 4 and grads[3].shape == sink.shape
+    numeric = _finite_differences(
+        lambda: float(np.sum(R.sdpa(q, k, v, sink=sink, **params) * d_out)), [q, k, v, sink])
+    for name, got, want in zip(("dq", "dk", "dv", "d_sink"), grads, numeric):
+        assert got.shape == want.shape, name
+        assert np.allclose(got, want, rtol=1e-6, atol=1e-7), (name, np.max(np.abs(got - want)))
+
+
+def test_very_negative_sink_changes_nothing_and_very_positive_takes_everything():
+    q, k, v = rng(1).standard_normal((1, 3, 4)), rng(2).standard_normal((1, 5, 4)), rng(3).standard_normal((1, 5, 2))
+    assert np.allclose(R.sdpa(q, k, v, sink=np.array([-1e4])), R.sdpa(q, k, v), rtol=1e-15)
+    assert np.allclose(R.sdpa(q, k, v, sink=np.array([1e4])), 0.0, atol=1e-300)
+
+
+def test_lse_and_sink_under_rounding_stay_close():
+    q, k, v = rng(1).standard_normal((2, 6, 8)), rng(2).standard_normal((2, 9, 8)), rng(3).standard_normal((2, 9, 4))
+    sink = np.array([0.5, -0.5])
+    exact = R.sdpa_lse(q, k, v, sink=sink)
+    with R.rounded_to("bfloat16"):
+        plain = R.sdpa_lse(q, k, v, sink=sink)
+    for a, b in zip(exact, plain):
+        error = np.max(np.abs(a - b))
+        assert 0 < error < 0.05, error

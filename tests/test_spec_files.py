@@ -31,8 +31,10 @@ def test_every_topic_matches_its_file_name(spec):
 def test_spec_is_broad(spec):
     assert len(spec.cases) >= 60
     ops = {case.op for case in spec.cases}
-    assert ops == {"softmax", "scores", "attention_weights", "sdpa", "self_attention",
-                   "multi_head_attention", "sdpa_vjp"}
+    assert ops == {"softmax", "scores", "attention_weights", "sdpa", "sdpa_lse",
+                   "self_attention", "multi_head_attention", "sdpa_vjp"}
+    sinks = {case.op for case in spec.cases if "sink" in case.inputs}
+    assert sinks == {"attention_weights", "sdpa", "sdpa_lse", "sdpa_vjp"}
 
 
 @pytest.mark.parametrize("example, pattern", [

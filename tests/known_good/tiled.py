@@ -15,6 +15,12 @@ kernel and to catch the tile bugs planted in its subclasses (tests/known_bad/til
   giving (out, lse), merged with weights ``exp(lse_chunk - lse)``;
 - backward (FA2): P recomputed from the saved lse, ``D = rowsum(dO * O)`` from the stored
   output, ``dS = P * (dP - D)``, looping over key tiles and the query tiles that see them;
+- ``sdpa_lse`` returns that lse itself (``-inf`` for a row without keys);
+- attention sinks (``sink``, one logit per query head, as gpt-oss): after the last key
+  tile the sink joins the running state as one more score of value 0 (``m`` becomes
+  ``max(m, sink)``, ``l`` gains ``exp(sink - m)``), and in split-KV it is one more chunk
+  ``(0, sink)`` of the merge; the backward pass recomputes ``P`` from the lse that
+  includes it, and ``d_sink = -sum_i exp(sink - lse_i) D_i``;
 - float16 and bfloat16 are computed in float32 (P is rounded to the input dtype before
   the P V product, as FlashAttention does), float32 in float32, float64 in float64.
 
@@ -33,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_OPS = ("softmax", "scores", "attention_weights", "sdpa", "self_attention",
+_OPS = ("softmax", "scores", "attention_weights", "sdpa", "sdpa_lse", "self_attention",
         "multi_head_attention", "sdpa_vjp")
 _COMPUTE = {"float64": np.float64, "float32": np.float32,
             "float16": np.float32, "bfloat16": np.float32}
@@ -195,13 +201,20 @@ class Tiled:
         lse = np.where(empty, _NEG_INF, self._safe(m) + np.log(np.where(empty, 1, l)))
         return out, lse
 
+    def _fold_sink(self, m, l, acc, sink):
+        """The sink as one more score (its value 0) of the online softmax."""
+        m_new = np.maximum(m, sink)
+        m_safe = self._safe(m_new)
+        alpha = np.exp(m - m_safe)
+        return m_new, alpha * l + np.exp(sink - m_safe), alpha[..., None] * acc
+
     # ------------------------------------------------------------------ forward
 
     def _initial_max(self):
         return _NEG_INF
 
-    def _forward_rows(self, st, i0, i1, start=0, stop=None, finish=None):
-        """(out, lse) of query rows [i0, i1) over keys [start, stop)."""
+    def _forward_rows(self, st, i0, i1, start=0, stop=None, finish=None, sink=True):
+        """(out, lse) of query rows [i0, i1) over keys [start, stop) (and the sink)."""
         q_t = st["q"][..., i0:i1, :]
         batch = q_t.shape[:-1]
         m = np.full(batch, self._initial_max(), dtype=st["ct"])
@@ -211,6 +224,8 @@ class Tiled:
                                       start, stop):
             s, _ = self._logits(st, q_t, st["k"][..., j0:j1, :], i0, i1, j0, j1)
             m, l, acc = self._online_update(m, l, acc, s, st["v"][..., j0:j1, :], st)
+        if sink and st["sink"] is not None:
+            m, l, acc = self._fold_sink(m, l, acc, st["sink"][..., i0:i1])
         return (finish or self._finish)(m, l, acc)
 
     def _finish_chunk(self, m, l, acc):
@@ -218,7 +233,7 @@ class Tiled:
         return self._finish(m, l, acc)
 
     def _split_part(self, st, start, stop):
-        return self._forward_rows(st, 0, 1, start, stop, finish=self._finish_chunk)
+        return self._forward_rows(st, 0, 1, start, stop, finish=self._finish_chunk, sink=False)
 
     def _merge(self, outs, lses):
         """Split-KV merge: out = sum_c exp(lse_c - lse) out_c, lse = log sum_c exp(lse_c)."""
@@ -236,6 +251,8 @@ class Tiled:
         if lq == 1 and lk > self.split_k:
             parts = [self._split_part(st, c, min(c + self.split_k, lk))
                      for c in range(0, lk, self.split_k)]
+            if st["sink"] is not None:       # the sink: one more chunk, of value 0
+                parts.append((np.zeros_like(parts[0][0]), st["sink"]))
             return self._merge(*zip(*parts))
         parts = [self._forward_rows(st, i0, min(i0 + self.block_q, lq))
                  for i0 in range(0, lq, self.block_q)]
@@ -255,6 +272,8 @@ class Tiled:
         o = out.astype(st["dt"]).astype(st["ct"])     # the output as the kernel stored it
         d = np.sum(d_out * o, axis=-1)
         dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+        if st["sink"] is not None:             # the sink's value is 0: dP = 0, dS = -P D
+            d_sink = -np.sum(np.exp(st["sink"] - lse) * d, axis=-1)
         for j0 in range(0, st["lk"], self.block_k):
             j1 = j0 + self.block_k
             k_t, v_t = k[..., j0:j1, :], v[..., j0:j1, :]
@@ -271,7 +290,7 @@ class Tiled:
                 ds = ds * st["scale"]
                 dq[..., i0:i1, :] += ds @ k_t
                 dk[..., j0:j1, :] += _swap(ds) @ q[..., i0:i1, :]
-        return dq, dk, dv
+        return (dq, dk, dv) + ((d_sink,) if st["sink"] is not None else ())
 
     # ------------------------------------------------------------------ set-up
 
@@ -301,7 +320,8 @@ class Tiled:
         axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
         return g.sum(axis=axes, keepdims=True) if axes else g
 
-    def _setup(self, q, k, v, *, mask, bias, causal, scale, softcap, window, d_out=None):
+    def _setup(self, q, k, v, *, mask, bias, causal, scale, softcap, window, d_out=None,
+               sink=None):
         """The state of one call: inputs broadcast, kv heads expanded, keys padded."""
         dt, ct = self._dtypes(q)
         q, k, v = (np.asarray(a).astype(ct) for a in (q, k, v))
@@ -317,6 +337,8 @@ class Tiled:
         shapes += [a.shape[:-2] for a in extra if a.ndim > 2]
         if d_out is not None:
             shapes.append(np.asarray(d_out).shape[:-2])
+        if sink is not None:
+            shapes.append(np.shape(sink))
         batch = np.broadcast_shapes(*shapes)
         lkp = -(-lk // self.block_k) * self.block_k
 
@@ -332,6 +354,8 @@ class Tiled:
                   softcap=softcap, q=np.broadcast_to(q, batch + q.shape[-2:]),
                   k=keys(k_e), v=keys(v_e), mask=scores_shaped(mask, True),
                   bias=scores_shaped(None if bias is None else np.asarray(bias).astype(ct), 0))
+        st["sink"] = None if sink is None else np.broadcast_to(
+            np.asarray(sink).astype(ct)[..., None], batch + (lq,))
         if d_out is not None:
             st["d_out"] = np.broadcast_to(np.asarray(d_out).astype(ct), batch + (lq, v.shape[-1]))
         return st
@@ -339,8 +363,8 @@ class Tiled:
     def _attention(self, q, k, v, **kw):
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             st = self._setup(q, k, v, **kw)
-            out, _ = self._forward(st)
-        return out.astype(st["dt"])
+            out, lse = self._forward(st)
+        return out.astype(st["dt"]), lse.astype(st["dt"])
 
     # ------------------------------------------------------------------ interface
 
@@ -370,42 +394,52 @@ class Tiled:
             raise ValueError(f"unknown score kind {kind!r}")
         return s.astype(dt)
 
-    def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
-                          softcap=None, window=None):
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
+                          scale=None, softcap=None, window=None):
         """The weights in one tile over every key: exp(s - m) / l, empty rows 0."""
         q = np.asarray(q)
         v = np.zeros(np.asarray(k).shape[:-1] + (1,), dtype=q.dtype)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             st = self._setup(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
-                             softcap=softcap, window=window)
+                             softcap=softcap, window=window, sink=sink)
             lk = st["lk"]
             s, _ = self._logits(st, st["q"], st["k"][..., :lk, :], 0, st["lq"], 0, lk)
             m = np.max(s, axis=-1, keepdims=True)
+            if st["sink"] is not None:
+                m = np.maximum(m, st["sink"][..., None])
             e = np.exp(s - self._safe(m))
             l = np.sum(e, axis=-1, keepdims=True)
+            if st["sink"] is not None:
+                l = l + np.exp(st["sink"][..., None] - self._safe(m))
             p = np.where(l == 0, 0, e / np.where(l == 0, 1, l))
         return p.astype(st["dt"])
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None, softcap=None,
-             window=None):
-        return self._attention(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
-                               softcap=softcap, window=window)
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
+             softcap=None, window=None):
+        return self._attention(q, k, v, mask=mask, bias=bias, sink=sink, causal=causal,
+                               scale=scale, softcap=softcap, window=window)[0]
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
+    def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
+        return self._attention(q, k, v, mask=mask, bias=bias, sink=sink, causal=causal,
+                               scale=scale, softcap=softcap, window=window)
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
+                 scale=None, softcap=None, window=None):
         q, k, v = (np.asarray(a) for a in (q, k, v))
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             st = self._setup(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
-                             softcap=softcap, window=window, d_out=d_out)
+                             softcap=softcap, window=window, d_out=d_out, sink=sink)
             out, lse = self._forward(st)
-            dq, dk, dv = self._backward(st, out, lse, st["d_out"])
+            dq, dk, dv, *d_sink = self._backward(st, out, lse, st["d_out"])
         lk = st["lk"]
         k_e_shape = self._expand_kv(k, q).shape
         dq = self._unbroadcast(dq, q.shape)
         dk = self._group_sum(self._unbroadcast(dk[..., :lk, :], k_e_shape), k.shape)
         dv = self._group_sum(self._unbroadcast(dv[..., :lk, :],
                                                self._expand_kv(v, q).shape), v.shape)
-        return tuple(g.astype(st["dt"]) for g in (dq, dk, dv))
+        grads = (dq, dk, dv) + tuple(self._unbroadcast(g, np.shape(sink)) for g in d_sink)
+        return tuple(g.astype(st["dt"]) for g in grads)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
         dt, ct = self._dtypes(x)
