@@ -42,6 +42,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from . import _lengths
+
 ELEM = {
     "float64": TensorProto.DOUBLE,
     "float32": TensorProto.FLOAT,
@@ -327,6 +329,7 @@ class OnnxAttention:
                                       "Attention form")
         raise ValueError(f"unknown score kind {kind!r}")
 
+    @_lengths.as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
                           softcap=None, window=None):
         dt = self._dtype(q)
@@ -334,11 +337,13 @@ class OnnxAttention:
         return self._attention(q, k, zero_v, mask=mask, bias=bias, causal=causal,
                                scale=scale, softcap=softcap, window=window, mode=3)
 
+    @_lengths.as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
              softcap=None, window=None):
         return self._attention(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
                                softcap=softcap, window=window, mode=None)
 
+    @_lengths.as_mask
     def sdpa_vjp(self, q, k, v, d_out, **params):
         raise NotImplementedError(f"{self.name}: ONNX has no gradient of Attention that "
                                   "this runtime executes")

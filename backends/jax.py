@@ -387,6 +387,8 @@ class JaxBackend:
         "neg_inf_bias_rows": "nan",
         "masked_key_nan": "ignored",
         "masked_value_nan": "propagates",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
     paths = {
         "softmax": "native: jax.nn.softmax",

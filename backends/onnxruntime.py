@@ -54,6 +54,8 @@ class OnnxruntimeBackend(OnnxAttention):
         "neg_inf_bias_rows": "zeros",
         "masked_key_nan": "propagates",
         "masked_value_nan": "propagates",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
     paths = {
         "softmax": "native: a Softmax node",

@@ -51,6 +51,8 @@ import warnings
 
 import numpy as np
 
+from . import _lengths
+
 with warnings.catch_warnings():  # "No ccache found", raised by paddle's C++ extension tools
     warnings.simplefilter("ignore")
     import paddle
@@ -252,6 +254,8 @@ class PaddleBackend:
         "neg_inf_bias_rows": "nan",
         "masked_key_nan": "propagates",
         "masked_value_nan": "propagates",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
     paths = {
         "softmax": "native: paddle.nn.functional.softmax",
@@ -306,6 +310,7 @@ class PaddleBackend:
             raise ValueError(f"unknown score kind {kind!r}")
         return _to_numpy(s)
 
+    @_lengths.as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
                           softcap=None, window=None):
         dt = self._dtype(q)
@@ -317,6 +322,7 @@ class PaddleBackend:
                     softcap=softcap, window=window)
         return _to_numpy(p)
 
+    @_lengths.as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
              softcap=None, window=None):
         dt = self._dtype(q)
@@ -326,6 +332,7 @@ class PaddleBackend:
                       softcap=softcap, window=window)
         return _to_numpy(out)
 
+    @_lengths.as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
                  softcap=None, window=None):
         dt = self._dtype(q)

@@ -49,6 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from . import _lengths
+
 _TORCH_DTYPES = {
     "float64": torch.float64,
     "float32": torch.float32,
@@ -248,6 +250,8 @@ class TorchBackend:
         "neg_inf_bias_rows": "zeros",
         "masked_key_nan": "propagates",
         "masked_value_nan": "propagates",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
     paths = {
         "softmax": "native: torch.softmax",
@@ -327,6 +331,7 @@ class TorchBackend:
                 raise ValueError(f"unknown score kind {kind!r}")
             return _to_numpy(s)
 
+    @_lengths.as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
                           softcap=None, window=None):
         with self._running():
@@ -339,6 +344,7 @@ class TorchBackend:
                         softcap=softcap, window=window)
             return _to_numpy(p)
 
+    @_lengths.as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
              softcap=None, window=None):
         with self._running():
@@ -347,6 +353,7 @@ class TorchBackend:
                           softcap=softcap, window=window)
             return _to_numpy(out)
 
+    @_lengths.as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, scale=None,
                  softcap=None, window=None):
         with self._running():

@@ -147,6 +147,8 @@ class TorchFlexBackend(TorchBackend):
         "neg_inf_bias_rows": "zeros",
         "masked_key_nan": "ignored",
         "masked_value_nan": "propagates",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
 
     def __init__(self, device=None, compiled=None):

@@ -15,6 +15,9 @@ class Policy:
     choices: tuple[str, ...]
     meaning: str                 # what the policy is about, for reports
     reference_default: str       # the float64 reference's choice when a case names none
+    #: choices that leave the positions the policy is about free: a golden under such a
+    #: choice is not compared there (conformance/checks.py, docs/interface.md)
+    unchecked: tuple[str, ...] = ()
 
 
 POLICY_TABLE: dict[str, Policy] = {p.name: p for p in (
@@ -26,6 +29,9 @@ POLICY_TABLE: dict[str, Policy] = {p.name: p for p in (
            "NaN stored in a masked-out key", "ignored"),
     Policy("masked_value_nan", ("ignored", "propagates"),
            "NaN stored in a masked-out value", "ignored"),
+    Policy("padded_query_rows", ("zeros", "unspecified"),
+           "query at or past its batch element's q_lengths (padding)", "zeros",
+           unchecked=("unspecified",)),
 )}
 
 #: name -> its choices

@@ -67,12 +67,40 @@ def scores(s, params):
     return (_bcast(q[:-2], k[:-2], what="q and k batch dims") + (q[-2], k[-2]),)
 
 
+def lengths(score, params, s):
+    """q_lengths / kv_lengths: one int per element of dim 0 of the scores, each within
+    0..Lq (0..Lk); q, k and v then have that batch dim (the scores' rank and dim 0)."""
+    if params.get("q_lengths") is None and params.get("kv_lengths") is None:
+        return
+    for name in ("q", "k", "v"):
+        shape = s.get(name)
+        if shape is not None and (len(shape) != len(score) or shape[0] != score[0]):
+            raise ValueError(f"with q_lengths or kv_lengths, {name} {tuple(shape)} needs the"
+                             f" batch dim of the scores {score} (same rank, same dim 0)")
+    for name, full in (("q_lengths", score[-2]), ("kv_lengths", score[-1])):
+        value = params.get(name)
+        if value is None:
+            continue
+        if len(score) < 3:
+            raise ValueError(f"{name} needs a batch dim: the scores {score} have none")
+        if len(value) != score[0]:
+            raise ValueError(f"{name} has {len(value)} lengths for a batch of {score[0]}"
+                             f" (dim 0 of the scores {score})")
+        bad = [n for n in value if not 0 <= n <= full]
+        if bad:
+            raise ValueError(f"{name} {bad[0]} is outside 0..{full}")
+
+
 def attention_weights(s, params):
-    return (attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0],)
+    score = attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0]
+    lengths(score, params, s)
+    return (score,)
 
 
 def sdpa(s, params):
-    return (attention(s["q"], s["k"], s["v"], s.get("mask"), s.get("bias"))[1],)
+    score, out = attention(s["q"], s["k"], s["v"], s.get("mask"), s.get("bias"))
+    lengths(score, params, s)
+    return (out,)
 
 
 def sdpa_vjp(s, params):

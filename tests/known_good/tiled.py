@@ -79,6 +79,8 @@ class Tiled:
             "neg_inf_bias_rows": "zeros",
             "masked_key_nan": "ignored",
             "masked_value_nan": "propagates",
+            # a padded query (past q_lengths) gets output, weight and dq rows of 0
+            "padded_query_rows": "zeros",
         }
 
     # ------------------------------------------------------------------ dtypes
