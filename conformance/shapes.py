@@ -70,8 +70,11 @@ def scores(s, params):
 def lengths(score, params, s):
     """q_lengths / kv_lengths: one int per element of dim 0 of the scores, each within
     0..Lq (0..Lk); q, k and v then have that batch dim (the scores' rank and dim 0)."""
-    if params.get("q_lengths") is None and params.get("kv_lengths") is None:
+    given = [n for n in ("q_lengths", "kv_lengths") if params.get(n) is not None]
+    if not given:
         return
+    if len(score) < 3:
+        raise ValueError(f"{given[0]} needs a batch dim: the scores {score} have none")
     for name in ("q", "k", "v"):
         shape = s.get(name)
         if shape is not None and (len(shape) != len(score) or shape[0] != score[0]):
@@ -81,8 +84,6 @@ def lengths(score, params, s):
         value = params.get(name)
         if value is None:
             continue
-        if len(score) < 3:
-            raise ValueError(f"{name} needs a batch dim: the scores {score} have none")
         if len(value) != score[0]:
             raise ValueError(f"{name} has {len(value)} lengths for a batch of {score[0]}"
                              f" (dim 0 of the scores {score})")
