@@ -104,6 +104,9 @@ TAGS: dict[str, tuple] = {
                lambda case, shapes: case.params.get("window") is not None),
     "softcap": ("a softcap of the scores (softcap * tanh(s / softcap))",
                 lambda case, shapes: case.params.get("softcap") is not None),
+    "varlen": ("per-batch sequence lengths (q_lengths, kv_lengths params)",
+               lambda case, shapes: any(case.params.get(n) is not None
+                                        for n in ("q_lengths", "kv_lengths"))),
     "grouped-query": ("fewer kv heads than query heads (grouped- or multi-query)",
                       _grouped_query),
     "broadcast-batch": ("inputs whose leading (batch) dims differ and broadcast",
@@ -404,7 +407,8 @@ decimal reads back exactly); read them as float32 and cast with `ml_dtypes.bfloa
 ## Tags
 
 Each case lists `tags` derived from its data, to filter on: `mask`, `bias`, `causal`,
-`causal:top_left`, `causal:bottom_right`, `window`, `softcap`, `grouped-query` (fewer
+`causal:top_left`, `causal:bottom_right`, `window`, `softcap`, `varlen` (per-batch
+lengths), `grouped-query` (fewer
 kv heads than query heads), `broadcast-batch` (leading dims that differ and
 broadcast), `long` (long-sequence cases), `policy-dependent` (the expected outcome is
 a declared choice: pass yours as `policy`). `index["tags"]` says what each means.
