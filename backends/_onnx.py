@@ -42,6 +42,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from . import _lengths
+
 ELEM = {
     "float64": TensorProto.DOUBLE,
     "float32": TensorProto.FLOAT,
@@ -194,10 +196,11 @@ def attn_mask(mask, bias, extra):
 
 def attention_node(m: Model, q: str, k: str, v: str, *, lq, lk, b, mask=None, bias=None,
                    causal=None, scale=None, softcap=None, window=None, mode=None,
-                   native_window=False, heads=None):
+                   native_window=False, heads=None, kv_lengths=None):
     """Add the Attention node (inputs already fed by name); returns its output names.
 
-    ``heads`` = (q_num_heads, kv_num_heads) for 3-D inputs.
+    ``heads`` = (q_num_heads, kv_num_heads) for 3-D inputs; ``kv_lengths`` (one per row of
+    the operator's batch) becomes ``nonpad_kv_seqlen``.
     """
     attrs = {}
     if scale is not None:
@@ -222,11 +225,16 @@ def attention_node(m: Model, q: str, k: str, v: str, *, lq, lk, b, mask=None, bi
         # the operator aligns causal (and windows) at offset nonpad_kv_seqlen - Lq;
         # with nonpad_kv_seqlen = Lk it is the bottom-right alignment, masking nothing
         nonpad = causal == "bottom_right"
+    if kv_lengths is not None:
+        if window is not None or causal == "top_left":
+            raise ValueError("nonpad_kv_seqlen aligns causal at kv_length - Lq")
+        nonpad = np.asarray(kv_lengths, dtype=np.int64)
     names = [q, k, v]
     am = attn_mask(mask, bias, extra)
     names.append("" if am is None else m.feed("attn_mask", am))
-    if nonpad:
-        names += ["", "", m.feed("nonpad_kv_seqlen", np.full((b,), lk, dtype=np.int64))]
+    if nonpad is not False and nonpad is not None:
+        lengths = np.full((b,), lk, dtype=np.int64) if nonpad is True else nonpad
+        names += ["", "", m.feed("nonpad_kv_seqlen", lengths)]
     while names[-1] == "":
         names.pop()
     outs = ["y"]
@@ -299,11 +307,13 @@ class OnnxAttention:
         return self._call(m, "y")
 
     def _attention(self, q, k, v, *, mask, bias, causal, scale, softcap, window, mode,
-                   pre=None):
+                   pre=None, kv_lengths=None):
         dt = self._dtype(q)
         q, k, v, bias = (self._cast(a, dt) for a in (q, k, v, bias))
         mask = None if mask is None else np.asarray(mask, dtype=bool)
         lay = Layout(q, k, v, mask, bias)
+        if kv_lengths is not None:     # dim 0 of the batch; the rest flattened after it
+            kv_lengths = np.repeat(np.asarray(kv_lengths, dtype=np.int64), lay.b // q.shape[0])
         m = Model(dt)
         qn = m.feed("q", lay.q)
         if pre is not None:  # bilinear scores: MatMul(q, W) first
@@ -312,7 +322,8 @@ class OnnxAttention:
         outs = attention_node(m, qn, m.feed("k", lay.k), m.feed("v", lay.v),
                               lq=lay.lq, lk=lay.lk, b=lay.b, mask=lay.mask, bias=lay.bias,
                               causal=causal, scale=scale, softcap=softcap, window=window,
-                              mode=mode, native_window=self.native_window)
+                              mode=mode, native_window=self.native_window,
+                              kv_lengths=kv_lengths)
         out = outs[-1]
         m.output(out)
         return lay.restore(self._call(m, out))
@@ -334,17 +345,50 @@ class OnnxAttention:
                                       "Attention form")
         raise ValueError(f"unknown score kind {kind!r}")
 
-    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
-                          softcap=None, window=None):
+    @staticmethod
+    def _nonpad(q, q_lengths, kv_lengths, causal, window) -> bool:
+        """Whether kv_lengths go in as nonpad_kv_seqlen: without q_lengths (the operator
+        has none), windows or top-left causal (it aligns causal at kv_length - Lq), on
+        inputs with heads (dim 0 the batch)."""
+        return (kv_lengths is not None and q_lengths is None and window is None
+                and causal in (None, "bottom_right") and np.ndim(q) >= 4)
+
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
+                          scale=None, softcap=None, window=None, q_lengths=None,
+                          kv_lengths=None):
         _no_sink(sink, self.name)
+        if not self._nonpad(q, q_lengths, kv_lengths, causal, window):
+            return self._masked_weights(q, k, mask=mask, bias=bias, causal=causal,
+                                        scale=scale, softcap=softcap, window=window,
+                                        q_lengths=q_lengths, kv_lengths=kv_lengths)
+        dt = self._dtype(q)
+        zero_v = np.zeros(k.shape[:-1] + (1,), dtype=NP[dt])
+        return self._attention(q, k, zero_v, mask=mask, bias=bias, causal=causal,
+                               scale=scale, softcap=softcap, window=window, mode=3,
+                               kv_lengths=kv_lengths)
+
+    @_lengths.as_mask
+    def _masked_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
+                        softcap=None, window=None):
         dt = self._dtype(q)
         zero_v = np.zeros(k.shape[:-1] + (1,), dtype=NP[dt])
         return self._attention(q, k, zero_v, mask=mask, bias=bias, causal=causal,
                                scale=scale, softcap=softcap, window=window, mode=3)
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
-             softcap=None, window=None):
+             softcap=None, window=None, q_lengths=None, kv_lengths=None):
         _no_sink(sink, self.name)
+        if not self._nonpad(q, q_lengths, kv_lengths, causal, window):
+            return self._masked_sdpa(q, k, v, mask=mask, bias=bias, causal=causal,
+                                     scale=scale, softcap=softcap, window=window,
+                                     q_lengths=q_lengths, kv_lengths=kv_lengths)
+        return self._attention(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
+                               softcap=softcap, window=window, mode=None,
+                               kv_lengths=kv_lengths)
+
+    @_lengths.as_mask
+    def _masked_sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
+                     softcap=None, window=None):
         return self._attention(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
                                softcap=softcap, window=window, mode=None)
 

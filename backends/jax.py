@@ -58,6 +58,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _lengths
+
 DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 CAUSAL = (None, "top_left", "bottom_right")
 
@@ -173,8 +175,8 @@ class _Layout:
 # --------------------------------------------------------------- cores (B, T, N, H)
 
 
-def _native_core(q, k, v, mask, bias, *, causal, scale, window, implementation="xla",
-                 residual=False):
+def _native_core(q, k, v, mask, bias, q_len=None, kv_len=None, *, causal, scale, window,
+                 implementation="xla", residual=False):
     """(B, T, N, Dv) from the native op; mask/bias are (B, 1 or N, T, S) or None. With
     residual, also its logsumexp (B, T, N) (return_residual=True)."""
     is_causal, size, extra = _native_flags(q.shape[1], k.shape[1], causal, window)
@@ -186,7 +188,8 @@ def _native_core(q, k, v, mask, bias, *, causal, scale, window, implementation="
     q, k, v = (_pad_last(x, width) for x in (q, k, v))
     out = jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
-        local_window_size=size, implementation=implementation, return_residual=residual)
+        local_window_size=size, implementation=implementation, return_residual=residual,
+        query_seq_lengths=q_len, key_value_seq_lengths=kv_len)
     if residual:
         out, lse = out
         return out[..., :dv], lse
@@ -219,11 +222,12 @@ def _composed_core(q, k, v, mask, bias, **params):
     return jnp.einsum("bnts,bsnh->btnh", p, v).astype(q.dtype)
 
 
-def _sdpa_fn(q, k, v, mask, bias, *, causal, scale, softcap, window, implementation="xla"):
+def _sdpa_fn(q, k, v, mask, bias, q_len=None, kv_len=None, *, causal, scale, softcap, window,
+             implementation="xla"):
     lay = _Layout(q, k, v, mask, bias)
     args = (lay.q, lay.k, lay.v, lay.mask, lay.bias)
     if softcap is None:
-        out = _native_core(*args, causal=causal, scale=scale, window=window,
+        out = _native_core(*args, q_len, kv_len, causal=causal, scale=scale, window=window,
                            implementation=implementation)
     else:
         out = _composed_core(*args, causal=causal, scale=scale, softcap=softcap,
@@ -279,10 +283,12 @@ _sdpa = jax.jit(_sdpa_fn, static_argnames=_STATIC)
 
 
 @partial(jax.jit, static_argnames=_STATIC)
-def _sdpa_vjp(q, k, v, d_out, mask, bias, *, causal, scale, softcap, window, implementation):
+def _sdpa_vjp(q, k, v, d_out, mask, bias, q_len=None, kv_len=None, *, causal, scale, softcap,
+              window, implementation):
     params = dict(causal=causal, scale=scale, softcap=softcap, window=window,
                   implementation=implementation)
-    out, pullback = jax.vjp(lambda q, k, v: _sdpa_fn(q, k, v, mask, bias, **params),
+    out, pullback = jax.vjp(lambda q, k, v: _sdpa_fn(q, k, v, mask, bias, q_len, kv_len,
+                                                     **params),
                             q, k, v)
     return pullback(d_out.astype(out.dtype))
 
@@ -416,6 +422,52 @@ def _sdpa_params(q, causal, scale, softcap, window, implementation):
                 implementation=implementation)
 
 
+def _native_lengths(q, k, mask, causal, window, q_lengths, kv_lengths, softcap):
+    """(mask, causal, window, q_len, kv_len) for jax.nn.dot_product_attention's
+    query_seq_lengths / key_value_seq_lengths (int32 per element of the flattened batch).
+
+    Its is_causal and local_window_size count from the top left of the padded T x S, as
+    top_left does; a bottom_right offset differs per batch element (kv_lengths[b] -
+    q_lengths[b]), so that causal and window go into the boolean mask instead."""
+    if q_lengths is None and kv_lengths is None:
+        return mask, causal, window, None, None
+    if softcap is not None:
+        raise NotImplementedError("jax backend: softcap with q_lengths/kv_lengths is not "
+                                  "composed")
+    if causal == "bottom_right":
+        mask, _ = _lengths.compose(q.shape, k.shape, mask, causal, window, q_lengths,
+                                   kv_lengths)
+        causal, window = None, None
+    per = math.prod(q.shape[1:-3])       # batch dims after dim 0, flattened by _Layout
+    lengths = [None if n is None else np.repeat(np.asarray(n, dtype=np.int32), per)
+               for n in (q_lengths, kv_lengths)]
+    return (mask, causal, window, *lengths)
+
+
+def _no_sink_with_lengths(q_lengths, kv_lengths):
+    if q_lengths is not None or kv_lengths is not None:
+        raise NotImplementedError("jax backend: a sink with q_lengths/kv_lengths is not "
+                                  "composed")
+
+
+def _with_heads(method):
+    """Run sdpa or sdpa_vjp with lengths on (B, L, D) inputs as (B, 1, L, D): the native
+    op's lengths index B, and _Layout reads a rank-3 input's dim 0 as heads."""
+    def wrapper(self, q, k, v, *rest, mask=None, bias=None, **params):
+        lengths = params.get("q_lengths") is not None or params.get("kv_lengths") is not None
+        if not lengths or np.ndim(q) != 3:
+            return method(self, q, k, v, *rest, mask=mask, bias=bias, **params)
+        lift = [None if x is None else (np.expand_dims(x, -3) if np.ndim(x) == 3 else x)
+                for x in (q, k, v, *rest, mask, bias)]
+        *arrays, mask, bias = lift
+        result = method(self, *arrays, mask=mask, bias=bias, **params)
+        if isinstance(result, tuple):
+            return tuple(np.squeeze(r, axis=-3) for r in result)
+        return np.squeeze(result, axis=-3)
+    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
+    return wrapper
+
+
 # ----------------------------------------------------------------------- backend
 
 
@@ -462,6 +514,8 @@ class JaxBackend:
         "masked_key_nan": "ignored",
         "masked_value_nan": "propagates",
         "accumulation": "float32",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
     paths = {
         "softmax": "native: jax.nn.softmax",
@@ -469,14 +523,18 @@ class JaxBackend:
         "attention_weights": "composed: jax.numpy pipeline with the native op's "
                              "masking (JAX exposes no attention weights)",
         "sdpa": "native: jax.nn.dot_product_attention(implementation='xla'); "
-                "composed from jax.numpy only with softcap (no such parameter)",
+                "composed from jax.numpy only with softcap (no such parameter); "
+                "q_lengths/kv_lengths as its query_seq_lengths/key_value_seq_lengths, "
+                "a bottom_right causal or window with them as a mask (no native "
+                "per-batch offset)",
         "self_attention": "native: x @ w projections, then "
                           "jax.nn.dot_product_attention",
         "multi_head_attention": "native: composed projections/heads/w_o around "
                                 "jax.nn.dot_product_attention (MHA layers live in "
                                 "flax, not jax)",
-        "sdpa_vjp": "native: jax.vjp of the sdpa path; composed (jax.numpy, jax.vjp) with a "
-                    "sink, since the native residual carries no gradient",
+        "sdpa_vjp": "native: jax.vjp of the sdpa path (lengths as in sdpa); composed "
+                    "(jax.numpy, jax.vjp) with a sink, since the native residual carries no "
+                    "gradient",
         "sdpa_lse": "native: jax.nn.dot_product_attention(return_residual=True); composed "
                     "with softcap; a sink composed around the native lse (JAX has none)",
     }
@@ -518,6 +576,7 @@ class JaxBackend:
             scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             return _result(_scores(q, k, w, u, v, kind=kind, scale=scale))
 
+    @_lengths.as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None):
         with self._running():
@@ -527,15 +586,19 @@ class JaxBackend:
                 return _result(_sink_weights(q, k, _mask(mask), bias, sink, **params))
             return _result(_weights(q, k, _mask(mask), bias, **params))
 
+    @_with_heads
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
-             softcap=None, window=None):
+             softcap=None, window=None, q_lengths=None, kv_lengths=None):
         if sink is not None:
+            _no_sink_with_lengths(q_lengths, kv_lengths)
             return self.sdpa_lse(q, k, v, mask=mask, bias=bias, sink=sink, causal=causal,
                                  scale=scale, softcap=softcap, window=window)[0]
         with self._running():
             q, k, v, bias = _arrays(q, k, v, bias)
+            mask, causal, window, *lengths = _native_lengths(
+                q, k, mask, causal, window, q_lengths, kv_lengths, softcap)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
-            return _result(_sdpa(q, k, v, _mask(mask), bias, **params))
+            return _result(_sdpa(q, k, v, _mask(mask), bias, *lengths, **params))
 
     def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
@@ -545,15 +608,20 @@ class JaxBackend:
             return tuple(_result(x) for x in _sdpa_lse(q, k, v, _mask(mask), bias, sink,
                                                        **params))
 
+    @_with_heads
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
-                 scale=None, softcap=None, window=None):
+                 scale=None, softcap=None, window=None, q_lengths=None, kv_lengths=None):
+        if sink is not None:
+            _no_sink_with_lengths(q_lengths, kv_lengths)
         with self._running():
             q, k, v, d_out, bias, sink = _arrays(q, k, v, d_out, bias, sink)
+            mask, causal, window, *lengths = _native_lengths(
+                q, k, mask, causal, window, q_lengths, kv_lengths, softcap)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
             if sink is not None:
                 grads = _sdpa_sink_vjp(q, k, v, d_out, _mask(mask), bias, sink, **params)
             else:
-                grads = _sdpa_vjp(q, k, v, d_out, _mask(mask), bias, **params)
+                grads = _sdpa_vjp(q, k, v, d_out, _mask(mask), bias, *lengths, **params)
             return tuple(_result(g) for g in grads)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):

@@ -25,6 +25,8 @@ from __future__ import annotations
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 
+from . import _lengths
+
 _OPS = ("softmax", "scores", "attention_weights", "sdpa", "sdpa_lse", "self_attention",
         "multi_head_attention", "sdpa_vjp")
 
@@ -248,6 +250,8 @@ class NumpyBackend:
             "masked_key_nan": "ignored",
             "masked_value_nan": "propagates",
             "accumulation": "float32",
+            # a padded query (past q_lengths) gets output, weight and dq rows of 0
+            "padded_query_rows": "zeros",
         }
 
     def softmax(self, x, axis=-1):
@@ -260,6 +264,7 @@ class NumpyBackend:
         q, k, w, u, v = (_cast(a, ct) for a in (q, k, w, u, v))
         return _score_kind(q, _expand_kv(k, q), kind, scale, w, u, v).astype(dt)
 
+    @_lengths.as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))
@@ -268,6 +273,7 @@ class NumpyBackend:
                          scale=scale, softcap=softcap, window=window, sink=sink)
         return p.astype(dt)
 
+    @_lengths.as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))
@@ -284,6 +290,7 @@ class NumpyBackend:
                              softcap=softcap, window=window, sink=sink)
         return out.astype(dt), lse.astype(dt)
 
+    @_lengths.as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
                  scale=None, softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))

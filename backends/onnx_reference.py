@@ -47,6 +47,8 @@ class OnnxReferenceBackend(OnnxAttention):
         "masked_key_nan": "propagates",
         "masked_value_nan": "propagates",
         "accumulation": "input",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
     paths = {
         "softmax": "native: a Softmax node",

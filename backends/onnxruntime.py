@@ -55,6 +55,8 @@ class OnnxruntimeBackend(OnnxAttention):
         "masked_key_nan": "propagates",
         "masked_value_nan": "propagates",
         "accumulation": "float32",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
     paths = {
         "softmax": "native: a Softmax node",

@@ -51,6 +51,8 @@ import warnings
 
 import numpy as np
 
+from . import _lengths
+
 with warnings.catch_warnings():  # "No ccache found", raised by paddle's C++ extension tools
     warnings.simplefilter("ignore")
     import paddle
@@ -261,6 +263,8 @@ class PaddleBackend:
         "masked_value_nan": "propagates",
         # float32 and float64 only on the CPU wheel, where the two tiers coincide
         "accumulation": "float32",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
     paths = {
         "softmax": "native: paddle.nn.functional.softmax",
@@ -315,6 +319,7 @@ class PaddleBackend:
             raise ValueError(f"unknown score kind {kind!r}")
         return _to_numpy(s)
 
+    @_lengths.as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
         _no_sink(sink, self.name)
@@ -327,6 +332,7 @@ class PaddleBackend:
                     softcap=softcap, window=window)
         return _to_numpy(p)
 
+    @_lengths.as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
         _no_sink(sink, self.name)
@@ -337,6 +343,7 @@ class PaddleBackend:
                       softcap=softcap, window=window)
         return _to_numpy(out)
 
+    @_lengths.as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
         _no_sink(sink, self.name)

@@ -43,6 +43,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from . import _lengths
+
 if keras.backend.backend() != "tensorflow":
     raise ImportError(
         "backends.tensorflow needs Keras on its TensorFlow backend, but "
@@ -300,6 +302,8 @@ class TensorflowBackend:
         # P·V multiplies the masked value by weight 0, and 0·NaN is NaN.
         "masked_value_nan": "propagates",
         "accumulation": "input",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
     paths = {
         "softmax": "native: keras.ops.softmax",
@@ -356,6 +360,7 @@ class TensorflowBackend:
 
     # ------------------------------------------------------------ attention
 
+    @_lengths.as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
         _no_sink(sink, self.name)
@@ -390,6 +395,7 @@ class TensorflowBackend:
 
         return key, fn, [_tensor(a) for a in (q, k, v, mask4, bias4)]
 
+    @_lengths.as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
         _no_sink(sink, self.name)
@@ -397,6 +403,7 @@ class TensorflowBackend:
         key, fn, args = self._sdpa_call(q, k, v, mask, bias, causal, scale, softcap, window)
         return _numpy(self._run(("sdpa",) + key, fn, *args), dtype)
 
+    @_lengths.as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
         _no_sink(sink, self.name)

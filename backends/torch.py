@@ -55,6 +55,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from . import _lengths
+
 _TORCH_DTYPES = {
     "float64": torch.float64,
     "float32": torch.float32,
@@ -290,6 +292,8 @@ class TorchBackend:
         "masked_key_nan": "per_row",
         "masked_value_nan": "propagates",
         "accumulation": "float32",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
     paths = {
         "softmax": "native: torch.softmax",
@@ -386,6 +390,7 @@ class TorchBackend:
                                       f"{self.name}: no attention sink in the kernel")
         return _composed_lse
 
+    @_lengths.as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None):
         with self._running():
@@ -403,6 +408,7 @@ class TorchBackend:
                                  softcap=softcap, window=window)
             return _to_numpy(p)
 
+    @_lengths.as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
         if sink is not None:
@@ -424,6 +430,7 @@ class TorchBackend:
                             softcap=softcap, window=window)
             return _to_numpy(out), _to_numpy(lse)
 
+    @_lengths.as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
                  scale=None, softcap=None, window=None):
         path = None if sink is None else self._lse_path(sink)

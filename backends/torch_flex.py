@@ -163,6 +163,8 @@ class TorchFlexBackend(TorchBackend):
         "masked_key_nan": "ignored",
         "masked_value_nan": "propagates",
         "accumulation": "float32",
+        # a padded query (past q_lengths) gets output, weight and dq rows of 0
+        "padded_query_rows": "zeros",
     }
 
     def __init__(self, device=None, compiled=None):

@@ -17,8 +17,9 @@ from .indexing import parse_index, split_target
 from .interface import policy_for
 from .ops import OPS
 from .outcomes import CheckFailure
-from .policies import ROW_BY_ROW
+from .policies import POLICY_TABLE, ROW_BY_ROW
 from .properties import PROPERTIES
+from .reference import padded_queries
 from .statistics import STATISTICS
 
 
@@ -47,13 +48,33 @@ def _golden(ctx: Context, policy, tier) -> dict:
     return ctx.golden.get(ctx.case, ctx.variant, ctx.dtype, policy)
 
 
+def unchecked_positions(ctx: Context, name: str, shape, policy=None):
+    """Boolean (broadcastable to the output) of the positions a golden is not compared at
+    under `policy`, or None: a choice of the policy's `unchecked` leaves them free. For
+    padded_query_rows: unspecified, the rows of padded queries (i >= q_lengths[b]) of the
+    query-side outputs (`out` of attention_weights and sdpa, `dq` of sdpa_vjp)."""
+    if not policy or policy[1] not in POLICY_TABLE[policy[0]].unchecked:
+        return None
+    q_lengths = ctx.case.params.get("q_lengths")
+    if policy[0] != "padded_query_rows" or q_lengths is None or name not in ("out", "dq"):
+        return None
+    return padded_queries(tuple(shape), q_lengths)
+
+
 def check_golden(ctx: Context, policy=None) -> float:
-    """Compare every output with its golden; return the worst error / tolerance."""
+    """Compare every output with its golden; return the worst error / tolerance.
+
+    Positions that the policy choice leaves free (unchecked_positions) take the golden's
+    value before the comparison; every other position is compared as usual."""
     rule = ctx.tolerances
     worst, problems = 0.0, []
     tier = accumulation(ctx)
     for name, (gold, plain_error) in _golden(ctx, policy, tier).items():
-        result = compare(ctx.outputs[name], gold, rule.output(ctx.dtype, plain_error, gold))
+        actual = ctx.outputs[name]
+        free = unchecked_positions(ctx, name, np.shape(actual), policy)
+        if free is not None:
+            actual = np.where(free, gold, actual)
+        result = compare(actual, gold, rule.output(ctx.dtype, plain_error, gold))
         worst = max(worst, result.ratio)
         if not result.ok:
             problems.append(

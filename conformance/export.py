@@ -104,6 +104,9 @@ TAGS: dict[str, tuple] = {
                lambda case, shapes: case.params.get("window") is not None),
     "softcap": ("a softcap of the scores (softcap * tanh(s / softcap))",
                 lambda case, shapes: case.params.get("softcap") is not None),
+    "varlen": ("per-batch sequence lengths (q_lengths, kv_lengths params)",
+               lambda case, shapes: any(case.params.get(n) is not None
+                                        for n in ("q_lengths", "kv_lengths"))),
     "grouped-query": ("fewer kv heads than query heads (grouped- or multi-query)",
                       _grouped_query),
     "broadcast-batch": ("inputs whose leading (batch) dims differ and broadcast",
@@ -404,7 +407,8 @@ decimal reads back exactly); read them as float32 and cast with `ml_dtypes.bfloa
 ## Tags
 
 Each case lists `tags` derived from its data, to filter on: `mask`, `bias`, `causal`,
-`causal:top_left`, `causal:bottom_right`, `window`, `softcap`, `grouped-query` (fewer
+`causal:top_left`, `causal:bottom_right`, `window`, `softcap`, `varlen` (per-batch
+lengths), `grouped-query` (fewer
 kv heads than query heads), `broadcast-batch` (leading dims that differ and
 broadcast), `long` (long-sequence cases), `policy-dependent` (the expected outcome is
 a declared choice: pass yours as `policy`). `index["tags"]` says what each means.
@@ -415,7 +419,12 @@ An output passes when `|actual - expected| <= tolerance` at every position where
 `expected` is finite, and NaN and +-inf sit exactly where `expected` has them. Check
 the plain branch (`policy` null) and each branch whose "NAME=CHOICE" your
 implementation declares (e.g. `fully_masked_rows=zeros`: a query whose every key is
-masked gets zeros); in some cases the only branches are policy branches.
+masked gets zeros); in some cases the only branches are policy branches. Under
+`padded_query_rows=unspecified` the rows of padded queries (row `i >= q_lengths[b]` of
+batch element `b`, `params["q_lengths"]`) of `out` and `dq` are free: the stored
+expected values there are the `zeros` choice's, and an implementation that declares
+`unspecified` is judged on the other rows only (the reader below checks every row: set
+those rows of your output to 0 first).
 
 ## A complete reader (NumPy only)
 
@@ -481,6 +490,8 @@ skip `"grouped-query"`), `entry["dtype"]` or `case["topic"]`.
 
 Tokens are rows: `q (*batch, Lq, Dk)`, `k (*batch, Lk, Dk)`, `v (*batch, Lk, Dv)`; `scale`
 None means `1/sqrt(Dk)`; `causal` is `top_left` or `bottom_right`; `window` is
-`(left, right)`. The score pipeline is `q k^T * scale`, softcap, `+ bias`, masking,
-softmax over keys.
+`(left, right)`; `q_lengths`, `kv_lengths` (one per element of dim 0) keep the first
+`q_lengths[b]` queries and `kv_lengths[b]` keys, padding at the end, bottom-right causal
+offset `kv_lengths[b] - q_lengths[b]`. The score pipeline is `q k^T * scale`, softcap,
+`+ bias`, masking, softmax over keys.
 '''

@@ -15,6 +15,9 @@ class Policy:
     choices: tuple[str, ...]
     meaning: str                 # what the policy is about, for reports
     reference_default: str       # the float64 reference's choice when a case names none
+    #: choices that leave the positions the policy is about free: a golden under such a
+    #: choice is not compared there (conformance/checks.py, docs/interface.md)
+    unchecked: tuple[str, ...] = ()
 
 
 POLICY_TABLE: dict[str, Policy] = {p.name: p for p in (
@@ -31,6 +34,9 @@ POLICY_TABLE: dict[str, Policy] = {p.name: p for p in (
     Policy("accumulation", ("float32", "input"),
            "float16 / bfloat16 products and sums accumulate in float32 or in the input dtype",
            "input"),
+    Policy("padded_query_rows", ("zeros", "unspecified"),
+           "query at or past its batch element's q_lengths (padding)", "zeros",
+           unchecked=("unspecified",)),
 )}
 
 #: policies that set how golden data are compared rather than what a case expects

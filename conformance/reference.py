@@ -144,6 +144,81 @@ def allowed_keys(lq, lk, *, causal=None, window=None, rows=None):
     return keep
 
 
+def _lengths(lengths, batch, full):
+    """Per-batch lengths as an int array (B,); None means every element is full length."""
+    if lengths is None:
+        return np.full(batch, full, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.shape != (batch,) or np.any(lengths < 0) or np.any(lengths > full):
+        raise ValueError(f"lengths {lengths.tolist()} do not fit batch {batch} of length {full}")
+    return lengths
+
+
+def _batch_lead(x, rank):
+    """(B, a, b) -> (B, 1, ..., 1, a, b) of `rank` dims (broadcastable to the scores)."""
+    return x.reshape((x.shape[0],) + (1,) * (rank - 3) + x.shape[1:])
+
+
+def length_keys(score_shape, *, causal=None, window=None, q_lengths=None, kv_lengths=None,
+                rows=None):
+    """Boolean (B, 1.., len(rows), Lk) broadcastable to the scores: key j allowed for
+    query i of batch element b (dim 0 of the score shape) by its lengths, causal and window.
+
+    Valid tokens are the first q_lengths[b] queries and kv_lengths[b] keys (padding at the
+    end); keys at or past kv_lengths[b] are disallowed; under bottom_right the offset of
+    b is kv_lengths[b] - q_lengths[b] (causal and window alike). Padded queries are
+    handled by :func:`padded_queries`.
+    """
+    if len(score_shape) < 3:
+        raise ValueError("q_lengths and kv_lengths need a batch dim (dim 0 of the scores)")
+    batch, lq, lk = score_shape[0], score_shape[-2], score_shape[-1]
+    q_len = _lengths(q_lengths, batch, lq)[:, None, None]
+    kv_len = _lengths(kv_lengths, batch, lk)[:, None, None]
+    i = (np.arange(lq) if rows is None else np.asarray(rows))[None, :, None]
+    j = np.arange(lk)[None, None, :]
+    position = i + (kv_len - q_len if causal == "bottom_right" else 0)
+    keep = np.broadcast_to(j < kv_len, (batch, i.shape[1], lk)).copy()
+    if causal in ("top_left", "bottom_right"):
+        keep &= j <= position
+    elif causal is not None:
+        raise ValueError(f"unknown causal alignment {causal!r}")
+    if window is not None:
+        left, right = window
+        if left is not None and left >= 0:
+            keep &= j >= position - left
+        if right is not None and right >= 0:
+            keep &= j <= position + right
+    return _batch_lead(keep, len(score_shape))
+
+
+def padded_queries(score_shape, q_lengths, rows=None):
+    """Boolean (B, 1.., len(rows), 1): query i of batch element b is padding
+    (i >= q_lengths[b]); all False without q_lengths."""
+    lq = score_shape[-2]
+    i = (np.arange(lq) if rows is None else np.asarray(rows))[None, :, None]
+    q_len = _lengths(q_lengths, score_shape[0], lq)[:, None, None]
+    return _batch_lead(i >= q_len, len(score_shape))
+
+
+def _keys_for(shape, causal, window, q_lengths, kv_lengths, rows=None):
+    """allowed_keys, or length_keys when the case gives per-batch lengths."""
+    if q_lengths is None and kv_lengths is None:
+        return allowed_keys(shape[-2], shape[-1], causal=causal, window=window, rows=rows)
+    return length_keys(shape, causal=causal, window=window, q_lengths=q_lengths,
+                       kv_lengths=kv_lengths, rows=rows)
+
+
+def _padded_rows(shape, q_lengths, rows=None):
+    """padded_queries, or None (no padded query) without q_lengths."""
+    return None if q_lengths is None else padded_queries(shape, q_lengths, rows)
+
+
+def _zero_rows(x, padded):
+    """x with the padded query rows set to 0 (padded_query_rows: zeros; `unspecified`
+    is computed the same and its rows are not checked)."""
+    return x if padded is None else np.where(padded, 0.0, x)
+
+
 def _expand_kv(q, x):
     """Repeat kv heads (dim -3) so that query head h reads kv head h // group."""
     if q.ndim < 3 or x.ndim < 3:
@@ -308,13 +383,14 @@ def _row_slices(lq):
 
 
 def attention_weights(q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
-                      softcap=None, window=None, policies=None):
+                      softcap=None, window=None, q_lengths=None, kv_lengths=None,
+                      policies=None):
     q, k, _, bias, scale, shape = _prepare(q, k, None, mask, bias, scale)
-    policy = _policies(policies)
-    keep = allowed_keys(shape[-2], shape[-1], causal=causal, window=window)
+    q, policy = _zero_rows(q, _padded_rows(shape, q_lengths)), _policies(policies)
+    keep = _keys_for(shape, causal, window, q_lengths, kv_lengths)
     _, _, p = _block_weights(q, k, mask, bias, slice(None), keep, shape, scale, softcap,
                              policy, sink)
-    return p
+    return _zero_rows(p, _padded_rows(shape, q_lengths))
 
 
 def _weighted_values(p, keep, v, policy):
@@ -326,8 +402,9 @@ def _weighted_values(p, keep, v, policy):
 
 
 def sdpa(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
-         softcap=None, window=None, policies=None):
-    return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies)[0]
+         softcap=None, window=None, q_lengths=None, kv_lengths=None, policies=None):
+    return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies,
+                 q_lengths, kv_lengths)[0]
 
 
 def sdpa_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
@@ -337,18 +414,20 @@ def sdpa_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=Non
     return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies)
 
 
-def _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies):
+def _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies,
+          q_lengths=None, kv_lengths=None):
     q, k, v, bias, scale, shape = _prepare(q, k, v, mask, bias, scale)
-    policy = _policies(policies)
+    q, policy = _zero_rows(q, _padded_rows(shape, q_lengths)), _policies(policies)
     out_shape = np.broadcast_shapes(shape[:-1] + (1,), v.shape[:-2] + (1, 1))[:-1]
     out = np.empty(out_shape + (v.shape[-1],))
     lse = np.empty(out_shape)
     for rows in _row_slices(shape[-2]):
-        keep_rows = allowed_keys(shape[-2], shape[-1], causal=causal, window=window,
-                                 rows=np.arange(shape[-2])[rows])
+        index = np.arange(shape[-2])[rows]
+        keep_rows = _keys_for(shape, causal, window, q_lengths, kv_lengths, index)
         _, keep, (p, _, row_lse) = _block_parts(q, k, mask, bias, rows, keep_rows, shape,
                                                 scale, softcap, policy, sink)
-        out[..., rows, :] = _weighted_values(p, keep, v, policy)
+        out[..., rows, :] = _zero_rows(_weighted_values(p, keep, v, policy),
+                                       _padded_rows(shape, q_lengths, index))
         lse[..., rows] = row_lse
     return out, lse
 
@@ -369,11 +448,12 @@ def _unbroadcast(grad, shape):
 
 
 def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
-             softcap=None, window=None, policies=None):
+             softcap=None, window=None, q_lengths=None, kv_lengths=None, policies=None):
     """(dq, dk, dv), and d_sink with a sink: the sink is a key of value 0 whose weight
     p_sink gives d_sink = -sum over rows of p_sink * rowsum(d_out * out)."""
     q_shape, k_shape, v_shape = np.shape(q), np.shape(k), np.shape(v)
     q, k, v, bias, scale, shape = _prepare(q, k, v, mask, bias, scale)
+    q = _zero_rows(q, _padded_rows(shape, q_lengths))     # a padded query is never read
     d_out, policy = _f64(d_out), _policies(policies)
     batch = np.broadcast_shapes(shape[:-2], v.shape[:-2], d_out.shape[:-2])
     dq = np.zeros(batch + q.shape[-2:])
@@ -381,11 +461,13 @@ def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, sc
     dv = np.zeros(batch + v.shape[-2:])
     d_sink = np.zeros(batch + shape[-2:-1])      # per query row, summed below
     for rows in _row_slices(shape[-2]):
-        keep_rows = allowed_keys(shape[-2], shape[-1], causal=causal, window=window,
-                                 rows=np.arange(shape[-2])[rows])
+        index = np.arange(shape[-2])[rows]
+        keep_rows = _keys_for(shape, causal, window, q_lengths, kv_lengths, index)
         s, keep, (p, p_sink, _) = _block_parts(q, k, mask, bias, rows, keep_rows, shape,
                                                scale, softcap, policy, sink)
-        g = d_out[..., rows, :]
+        padded = _padded_rows(shape, q_lengths, index)
+        # a padded query is never read: weight 0, its d_out ignored, its dq 0
+        p, g = _zero_rows(p, padded), _zero_rows(d_out[..., rows, :], padded)
         dv += _r(_mm(np.swapaxes(p, -1, -2), g))
         dp = _matmul_t(g, v)
         if _ROUNDING.get() is not None:
@@ -396,7 +478,7 @@ def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, sc
         ds = _r(p * _r(dp - row))
         if _ROUNDING.get() is not None:
             ds = _one_rounding_off(ds, p * (np.abs(dp) + np.abs(row)))
-        ds = np.where(keep | _nan_rows(s, keep, policy), ds, 0.0)
+        ds = _zero_rows(np.where(keep | _nan_rows(s, keep, policy), ds, 0.0), padded)
         if softcap is not None:
             raw = _logits(q[..., rows, :], k, scale=scale, softcap=None, bias=None)
             ds = _r(ds * _r(1.0 - np.tanh(raw / softcap) ** 2))

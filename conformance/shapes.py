@@ -80,15 +80,42 @@ def sink(shape, score):
                          f" (*batch, Hq) = {heads}")
 
 
+def lengths(score, params, s):
+    """q_lengths / kv_lengths: one int per element of dim 0 of the scores, each within
+    0..Lq (0..Lk); q, k and v then have that batch dim (the scores' rank and dim 0)."""
+    given = [n for n in ("q_lengths", "kv_lengths") if params.get(n) is not None]
+    if not given:
+        return
+    if len(score) < 3:
+        raise ValueError(f"{given[0]} needs a batch dim: the scores {score} have none")
+    for name in ("q", "k", "v"):
+        shape = s.get(name)
+        if shape is not None and (len(shape) != len(score) or shape[0] != score[0]):
+            raise ValueError(f"with q_lengths or kv_lengths, {name} {tuple(shape)} needs the"
+                             f" batch dim of the scores {score} (same rank, same dim 0)")
+    for name, full in (("q_lengths", score[-2]), ("kv_lengths", score[-1])):
+        value = params.get(name)
+        if value is None:
+            continue
+        if len(value) != score[0]:
+            raise ValueError(f"{name} has {len(value)} lengths for a batch of {score[0]}"
+                             f" (dim 0 of the scores {score})")
+        bad = [n for n in value if not 0 <= n <= full]
+        if bad:
+            raise ValueError(f"{name} {bad[0]} is outside 0..{full}")
+
+
 def attention_weights(s, params):
     score = attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0]
     sink(s.get("sink"), score)
+    lengths(score, params, s)
     return (score,)
 
 
 def sdpa(s, params):
     score, out = attention(s["q"], s["k"], s["v"], s.get("mask"), s.get("bias"))
     sink(s.get("sink"), score)
+    lengths(score, params, s)
     return (out,)
 
 

@@ -381,6 +381,10 @@ def _check_policies(case) -> list[str]:
         allowed = POLICIES.get(name, ())
         problems += [f"policy {name} has no choice {choice!r} (its choices: {', '.join(allowed)})"
                      for choice in choices if choice not in allowed]
+    if case.params.get("q_lengths") is not None and (
+            case.expect.get("golden") or case.expect.get("exact")):
+        problems.append("q_lengths makes padded query rows, a policy: give golden and exact"
+                        " under expect.policy.padded_query_rows, not at the top of expect")
     return problems
 
 

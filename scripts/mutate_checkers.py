@@ -83,6 +83,10 @@ def mutants() -> list[Mutant]:
         Mutant("worst_error:no-patterns", "NaN and inf positions ignored", CHECKER_TESTS),
         Mutant("accumulation:ignored", "every backend judged in the input tier",
                CHECKER_TESTS),
+        Mutant("unchecked_positions:none", "an unchecked choice leaves nothing free",
+               CHECKER_TESTS),
+        Mutant("unchecked_positions:all", "an unchecked choice leaves every position free",
+               CHECKER_TESTS),
         Mutant("spec_cache.read", "always a miss (None)", CACHE_TESTS),
         Mutant("spec_cache.write", "stores nothing", CACHE_TESTS),
         Mutant("spec_cache.file_key:no-bytes", "the key ignores the file's bytes", CACHE_TESTS),
@@ -147,6 +151,15 @@ def _apply(name: str) -> None:
             index = np.unravel_index(int(np.argmax(diff)), diff.shape)
             return float(diff[index]), tuple(int(i) for i in index), ""
         comparison.worst_error = finite_only
+    elif name == "unchecked_positions:none":
+        checks.unchecked_positions = _noop_like(checks.unchecked_positions)
+    elif name == "unchecked_positions:all":
+        original = checks.unchecked_positions
+
+        def everything(ctx, name_, shape, policy=None):
+            free = original(ctx, name_, shape, policy)
+            return None if free is None else np.ones(shape, dtype=bool)
+        checks.unchecked_positions = everything
     elif name == "spec_cache.read":
         spec_cache.read = _noop_like(spec_cache.read)
     elif name == "spec_cache.write":

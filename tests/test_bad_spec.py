@@ -52,6 +52,17 @@ def policy(case_id, name, choice):
                 f"          {choice}: {{properties: [finite]}}\n")
 
 
+def batched(case_id, params, expect=None):
+    """The good case with a batch dim of 2 and the given params (lengths)."""
+    text = (case(case_id, "    dtypes:", f"    params: {params}\n    dtypes:")
+            .replace("shape: [2, 4], seed: 1", "shape: [2, 2, 4], seed: 1")
+            .replace("shape: [3, 4], seed: 2", "shape: [2, 3, 4], seed: 2")
+            .replace("shape: [3, 4], seed: 3", "shape: [2, 3, 4], seed: 3"))
+    if expect is not None:
+        text = text.replace("    expect: {properties: [finite]}", f"    expect: {expect}")
+    return text
+
+
 PAYLOAD = "!!python/object/apply:os.system [\"touch {marker}\"]"
 
 MHA = """\
@@ -250,6 +261,22 @@ SCENARIOS = {
                                                  "{sed: 1}}]}"),
                                    None, "property permutation_equivariant takes no argument 'sed' "
                                          "(it takes: seed)"),
+    # variable lengths
+    "lengths_without_batch": (case("kv-lengths-no-batch", "    dtypes:",
+                                   "    params: {kv_lengths: [3]}\n    dtypes:"),
+                              None, "inconsistent shapes: kv_lengths needs a batch dim: the "
+                                    "scores (2, 3) have none"),
+    "lengths_count": (batched("kv-lengths-count", "{kv_lengths: [3]}"), None,
+                      "inconsistent shapes: kv_lengths has 1 lengths for a batch of 2 (dim 0 "
+                      "of the scores (2, 2, 3))"),
+    "length_past_the_queries": (batched("q-length-3-of-2", "{q_lengths: [2, 3]}"), None,
+                                "inconsistent shapes: q_lengths 3 is outside 0..2"),
+    "length_negative": (batched("kv-length-negative", "{kv_lengths: [-1, 3]}"), "kv_lengths",
+                        "-1 is less than the minimum of 0"),
+    "q_lengths_golden_not_under_policy": (
+        batched("q-lengths-top-golden", "{q_lengths: [2, 1]}", "{golden: true}"), None,
+        "q_lengths makes padded query rows, a policy: give golden and exact under "
+        "expect.policy.padded_query_rows, not at the top of expect"),
     "softmax_axis_out_of_range": (softmax("axis-5", "{axis: 5}"), None,
                                   "inconsistent shapes: axis 5 is out of range for x of 2 dims"),
 }

@@ -268,6 +268,21 @@ cases:
           expected: 0.125
           band: 1.0e-9
           why: "every row sums to 1 over 8 keys, so the mean is 1/8 up to rounding"
+  - id: meta-varlen-padded-rows
+    description: query lengths 4 and 2 of 4; padded query rows follow padded_query_rows
+    source: tests/test_checkers.py
+    op: sdpa
+    inputs:
+      q: {normal: {shape: [2, 4, 3], seed: 27}}
+      k: {normal: {shape: [2, 5, 3], seed: 28}}
+      v: {normal: {shape: [2, 5, 2], seed: 29}}
+    params: {q_lengths: [4, 2], kv_lengths: [5, 3]}
+    dtypes: [float64]
+    expect:
+      policy:
+        padded_query_rows:
+          zeros: {golden: true}
+          unspecified: {golden: true}
 """
 
 #: the spec's own statistic cases (expected values and bands derived over seeds there)
@@ -652,6 +667,19 @@ SCENARIOS = {
                                   fully_masked_rows="zeros"),
             policy=("fully_masked_rows", "zeros")),
         ("golden out under fully_masked_rows=nan: NaN pattern differs at [1, 0]",)),
+    "policy: unspecified leaves padded query rows free": Scenario(
+        "policy_outcome", policy,
+        Run("meta-varlen-padded-rows", backend=Declares(padded_query_rows="unspecified"),
+            tamper=setting((1, slice(2, None)), 123.0)),
+        Run("meta-varlen-padded-rows", backend=Declares(padded_query_rows="unspecified"),
+            tamper=adding((1, 1), 0.5)),
+        ("golden out under padded_query_rows=unspecified: worst abs error", "at [1, 1, ")),
+    "policy: zeros checks padded query rows": Scenario(
+        "policy_outcome", policy,
+        Run("meta-varlen-padded-rows", backend=Declares(padded_query_rows="zeros")),
+        Run("meta-varlen-padded-rows", backend=Declares(padded_query_rows="zeros"),
+            tamper=setting((1, slice(2, None)), 123.0)),
+        ("golden out under padded_query_rows=zeros: worst abs error", "at [1, 2, ")),
     "policy: the backend declares no choice": Scenario(
         "policy_outcome", policy,
         Run("meta-empty-row-policy", backend=Declares(fully_masked_rows="uniform"),
@@ -700,6 +728,8 @@ BRANCHES = ("golden NaN pattern (NaN where the golden is finite)",
             "golden NaN pattern (finite where the golden is NaN)",
             "golden inf pattern (sign)", "golden inf pattern (finite where the golden is inf)",
             "policy: the backend declares no choice", "policy: a choice the case does not allow",
+            "policy: unspecified leaves padded query rows free",
+            "policy: zeros checks padded query rows",
             "exact NaN", "exact slice of an input", "close NaN", "close, atol",
             "golden float32 accumulation tier")
 

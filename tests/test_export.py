@@ -444,6 +444,9 @@ def test_force_never_replaces_the_golden_data_it_reads(tiny, tmp_path, capsys):
     ("wo-shi-xiao-gou-causal-first-row-is-one-hot", {"causal", "causal:top_left"},
      {"causal:bottom_right", "grouped-query"}),
     ("unnormalised-scores-softmax", set(), set(TAGS)),
+    ("varlen-kv-lengths-sdpa", {"varlen"}, {"policy-dependent", "causal"}),
+    ("varlen-causal-bottom-right", {"varlen", "causal:bottom_right", "policy-dependent"},
+     {"mask"}),
 ])
 def test_tags_come_from_the_case_data(case_id, present, absent):
     case = load_case(case_id).case

@@ -364,3 +364,84 @@ def test_lse_and_sink_under_rounding_stay_close():
     for a, b in zip(exact, plain):
         error = np.max(np.abs(a - b))
         assert 0 < error < 0.05, error
+
+
+# --- variable lengths per batch element -----------------------------------------------
+
+VARLEN_GRADIENT_CASES = [
+    dict(kv_lengths=[5, 2]),
+    dict(q_lengths=[3, 1], kv_lengths=[4, 5]),
+    dict(q_lengths=[2, 3], kv_lengths=[5, 3], causal="bottom_right"),
+    dict(q_lengths=[3, 2], kv_lengths=[4, 5], causal="top_left", window=(1, None)),
+    dict(q_lengths=[3, 3], kv_lengths=[3, 5], causal="bottom_right", mask="random"),
+]
+
+
+@pytest.mark.parametrize("params", VARLEN_GRADIENT_CASES,
+                         ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_varlen_sdpa_vjp_matches_finite_differences(params):
+    params = dict(params)
+    q, k, v = (rng(s).standard_normal(shape) for s, shape in
+               ((11, (2, 2, 3, 4)), (12, (2, 1, 5, 4)), (13, (2, 1, 5, 3))))
+    if params.get("mask") == "random":
+        params["mask"] = rng(14).random_sample((2, 1, 3, 5)) < 0.7
+        params["mask"][..., 0] = True
+    d_out = rng(15).standard_normal((2, 2, 3, 3))
+    grads = R.sdpa_vjp(q, k, v, d_out, **params)
+    numeric = _finite_differences(lambda: float(np.sum(R.sdpa(q, k, v, **params) * d_out)),
+                                  [q, k, v])
+    for name, got, want in zip("qkv", grads, numeric):
+        assert got.shape == want.shape, name
+        assert np.allclose(got, want, rtol=1e-6, atol=1e-7), (name, np.max(np.abs(got - want)))
+
+
+def test_varlen_is_each_batch_element_on_its_own_lengths():
+    """Batch element b computed alone on its first q_lengths[b] queries and kv_lengths[b]
+    keys (bottom-right offset of its own lengths); padded query rows are 0."""
+    q, k, v = (rng(s).standard_normal(shape) for s, shape in
+               ((21, (3, 2, 4, 3)), (22, (3, 2, 6, 3)), (23, (3, 2, 6, 2))))
+    q_lengths, kv_lengths = [4, 2, 1], [6, 3, 2]
+    for causal in (None, "top_left", "bottom_right"):
+        out = R.sdpa(q, k, v, causal=causal, q_lengths=q_lengths, kv_lengths=kv_lengths)
+        for b, (lq, lk) in enumerate(zip(q_lengths, kv_lengths)):
+            alone = R.sdpa(q[b, :, :lq], k[b, :, :lk], v[b, :, :lk], causal=causal)
+            assert np.allclose(out[b, :, :lq], alone, rtol=1e-14, atol=1e-15), (causal, b)
+            assert np.all(out[b, :, lq:] == 0)
+
+
+def test_varlen_hand_values_and_padding_never_read():
+    """One key allowed: the output is that value; NaN in padded queries, keys and values
+    (masked_*_nan ignored) changes nothing."""
+    q = np.zeros((2, 2, 2)); k = np.zeros((2, 3, 2)); v = np.arange(12.0).reshape(2, 3, 2)
+    out = R.sdpa(q, k, v, q_lengths=[1, 2], kv_lengths=[1, 3])
+    assert out[0].tolist() == [[0.0, 1.0], [0.0, 0.0]]
+    assert np.allclose(out[1], [[8.0, 9.0], [8.0, 9.0]], rtol=1e-15)
+    q2, k2, v2 = q.copy(), k.copy(), v.copy()
+    q2[0, 1], k2[0, 1:], v2[0, 1:] = np.nan, np.nan, np.nan
+    assert np.array_equal(R.sdpa(q2, k2, v2, q_lengths=[1, 2], kv_lengths=[1, 3]), out)
+    q3 = q.copy()
+    q3[0, 1] = np.nan                                # a padded query: its d_out is ignored
+    dq, dk, dv = R.sdpa_vjp(q3, k, v, np.ones((2, 2, 2)), q_lengths=[1, 2], kv_lengths=[1, 3])
+    assert np.all(dq[0, 1] == 0) and np.all(dk[0, 1:] == 0) and np.all(dv[0, 1:] == 0)
+    assert dv[0, 0].tolist() == [1.0, 1.0]          # only the valid query's d_out
+    assert np.all(np.isfinite(dk)) and np.all(np.isfinite(dq))
+
+
+def test_varlen_kv_length_zero_is_a_fully_masked_row():
+    q, k, v = (rng(s).standard_normal((2, 3, 4)) for s in (31, 32, 33))
+    for choice, want in (("zeros", 0.0), ("uniform", v[0].mean(axis=0)), ("nan", np.nan)):
+        out = R.sdpa(q, k, v, kv_lengths=[0, 3], policies={"fully_masked_rows": choice})
+        assert np.allclose(out[0], np.broadcast_to(want, (3, 4)), equal_nan=True), choice
+
+
+def test_varlen_blockwise_result_does_not_depend_on_block_size(monkeypatch):
+    q, k, v = (rng(s).standard_normal(shape) for s, shape in
+               ((41, (2, 37, 8)), (42, (2, 41, 8)), (43, (2, 41, 5))))
+    d_out = rng(44).standard_normal((2, 37, 5))
+    params = dict(causal="bottom_right", q_lengths=[30, 37], kv_lengths=[33, 17])
+    whole = R.sdpa(q, k, v, **params), R.sdpa_vjp(q, k, v, d_out, **params)
+    monkeypatch.setattr(R, "BLOCK", 5)
+    blocked = R.sdpa(q, k, v, **params), R.sdpa_vjp(q, k, v, d_out, **params)
+    assert np.allclose(whole[0], blocked[0], rtol=1e-14, atol=1e-15)
+    for a, b in zip(whole[1], blocked[1]):
+        assert np.allclose(a, b, rtol=1e-12, atol=1e-14)

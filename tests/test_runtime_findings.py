@@ -185,6 +185,33 @@ def test_ort_kernel_rejects_a_mask_that_broadcasts_over_queries():
     assert rel_err(f64.run(["Y"], _feeds(np.float64, q, k, v, mask))[0], want) < 1e-6
 
 
+def test_ort_never_reads_keys_past_nonpad_kv_seqlen_but_reads_masked_ones():
+    """A NaN key past nonpad_kv_seqlen is ignored; the same NaN behind attn_mask
+    propagates (onnxruntime's declared masked_key_nan), so padding and masking differ."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    q, k, v = _qkv(71, b=2, h=1, lq=3, lk=5, d=4, dv=4)
+    k[1, :, 3:] = np.nan
+    lengths = np.array([5, 3], dtype=np.int64)
+    f32 = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info(n, f32, None) for n in "QKV"]
+    inputs.append(helper.make_tensor_value_info("L", TensorProto.INT64, None))
+    node = helper.make_node("Attention", ["Q", "K", "V", "", "", "", "L"], ["Y"])
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("Y", f32, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ORT_OPSET)])
+    model.ir_version = 10
+    feeds = dict(_feeds(np.float32, q, k, v), L=lengths)
+    padded = _ort_session(model).run(["Y"], feeds)[0]
+    keep = np.arange(5)[None, None, None, :] < lengths[:, None, None, None]
+    want, _ = attend64(q, np.where(keep.transpose(0, 1, 3, 2), k, 0.0), v,
+                       allowed=np.broadcast_to(keep, (2, 1, 3, 5)))
+    assert np.all(np.isfinite(padded)) and rel_err(padded, want) < 1e-5
+    masked = _ort_session(_attention_model(np.float32, opset=ORT_OPSET, mask_dtype=bool)).run(
+        ["Y"], _feeds(np.float32, q, k, v, np.broadcast_to(keep, (2, 1, 3, 5)).copy()))[0]
+    assert np.all(np.isnan(masked[1])) and np.all(np.isfinite(masked[0]))
+
+
 # ------------------------------------------------------------------ ONNX reference
 
 

@@ -21,6 +21,13 @@ kernel and to catch the tile bugs planted in its subclasses (tests/known_bad/til
   ``max(m, sink)``, ``l`` gains ``exp(sink - m)``), and in split-KV it is one more chunk
   ``(0, sink)`` of the merge; the backward pass recomputes ``P`` from the lse that
   includes it, and ``d_sink = -sum_i exp(sink - lse_i) D_i``;
+- variable lengths (``q_lengths``, ``kv_lengths``): each batch element b is its own
+  problem of q_lengths[b] queries and kv_lengths[b] keys, as FlashAttention's varlen
+  kernels take the sequences of ``cu_seqlens``: key tiles past a length are never read
+  (the last tile that holds keys is read whole, its keys past the length masked), the
+  bottom-right offset is that problem's own (kv_lengths[b] - q_lengths[b]), and the rows
+  of padded queries, the gradients of padded keys and everything of an empty problem
+  stay 0;
 - float16 and bfloat16 are computed in float32 (P is rounded to the input dtype before
   the P V product, as FlashAttention does), float32 in float32, float64 in float64.
 
@@ -30,6 +37,7 @@ Policies, and why they hold:
   replaced by 0, as FlashAttention's ``Check_inf``;
 - ``masked_key_nan: ignored``: disallowed scores are replaced by -inf in the tiles that are
   read, and a skipped tile is never read;
+- ``padded_query_rows: zeros``: a padded query is outside its problem, its rows stay 0;
 - ``masked_value_nan: propagates``: ``P V`` multiplies 0 by a NaN value in every tile that
   is read. A tile skipped by causal or window is never read, so a NaN value there does
   not propagate: the spec's NaN cases put their NaN in tiles that are read.
@@ -45,6 +53,11 @@ _COMPUTE = {"float64": np.float64, "float32": np.float32,
             "float16": np.float32, "bfloat16": np.float32}
 _CAUSAL = (None, "top_left", "bottom_right")
 _NEG_INF = -np.inf
+
+
+def _no_sink_with_lengths(sink):
+    if sink is not None:
+        raise NotImplementedError("tiled: a sink with q_lengths/kv_lengths")
 
 
 def _swap(x):
@@ -86,6 +99,8 @@ class Tiled:
             "masked_key_nan": "ignored",
             "masked_value_nan": "propagates",
             "accumulation": "float32",
+            # a padded query (past q_lengths) gets output, weight and dq rows of 0
+            "padded_query_rows": "zeros",
         }
 
     # ------------------------------------------------------------------ dtypes
@@ -321,12 +336,15 @@ class Tiled:
         return g.sum(axis=axes, keepdims=True) if axes else g
 
     def _setup(self, q, k, v, *, mask, bias, causal, scale, softcap, window, d_out=None,
-               sink=None):
-        """The state of one call: inputs broadcast, kv heads expanded, keys padded."""
+               sink=None, valid_k=None):
+        """The state of one call: inputs broadcast, kv heads expanded, keys padded.
+
+        valid_k: the keys are the first valid_k rows of k and v; the rows after them (up
+        to the end of the last tile) are read with the tile and masked (j < valid_k)."""
         dt, ct = self._dtypes(q)
         q, k, v = (np.asarray(a).astype(ct) for a in (q, k, v))
         k_e, v_e = self._expand_kv(k, q), self._expand_kv(v, q)
-        lq, lk = q.shape[-2], k.shape[-2]
+        lq, lk = q.shape[-2], (k.shape[-2] if valid_k is None else valid_k)
         self._offset(lq, lk, causal)
         shapes = [q.shape[:-2], k_e.shape[:-2], v_e.shape[:-2]]
         if mask is not None:
@@ -343,7 +361,7 @@ class Tiled:
         lkp = -(-lk // self.block_k) * self.block_k
 
         def keys(x):
-            return _pad_to(np.broadcast_to(x, batch + x.shape[-2:]), lkp, -2, 0)
+            return _pad_to(np.broadcast_to(x, batch + x.shape[-2:])[..., :lkp, :], lkp, -2, 0)
 
         def scores_shaped(x, value):
             return None if x is None else _pad_to(
@@ -360,11 +378,74 @@ class Tiled:
             st["d_out"] = np.broadcast_to(np.asarray(d_out).astype(ct), batch + (lq, v.shape[-1]))
         return st
 
-    def _attention(self, q, k, v, **kw):
+    def _attention(self, q, k, v, **kw):  # kw may hold valid_k (see _setup)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             st = self._setup(q, k, v, **kw)
             out, lse = self._forward(st)
         return out.astype(st["dt"]), lse.astype(st["dt"])
+
+    # ------------------------------------------------------------------ varlen
+
+    @staticmethod
+    def _problems(q, k, q_lengths, kv_lengths):
+        """(b, q rows, k rows) of each batch element: its own problem, the first
+        q_lengths[b] queries and kv_lengths[b] keys."""
+        q, k = np.asarray(q), np.asarray(k)
+        if q.ndim < 3 or k.ndim != q.ndim or k.shape[0] != q.shape[0]:
+            raise ValueError("q_lengths and kv_lengths need q, k, v with a batch dim 0")
+        batch, lq, lk = q.shape[0], q.shape[-2], k.shape[-2]
+        ql = [lq] * batch if q_lengths is None else [int(n) for n in q_lengths]
+        kl = [lk] * batch if kv_lengths is None else [int(n) for n in kv_lengths]
+        if len(ql) != batch or len(kl) != batch or \
+                any(not 0 <= a <= lq for a in ql) or any(not 0 <= b <= lk for b in kl):
+            raise ValueError(f"lengths {ql}, {kl} do not fit batch {batch}, {lq} x {lk}")
+        return [(b, slice(0, ql[b]), slice(0, kl[b])) for b in range(batch)]
+
+    def _score_slice(self, x, q, k, b, rows, cols):
+        """Batch element b's rows x cols of a mask or bias broadcast to the scores."""
+        if x is None:
+            return None
+        x = np.asarray(x)
+        lead = np.broadcast_shapes(q.shape[:-2], self._expand_kv(k, q).shape[:-2])
+        x = np.broadcast_to(x, np.broadcast_shapes(x.shape, lead + (q.shape[-2], k.shape[-2])))
+        return x[b][..., rows, cols]
+
+    def _varlen(self, op, q, k, v, d_out, q_lengths, kv_lengths, mask, bias, **kw):
+        """op on every batch element's own problem; padding and empty problems give 0."""
+        dt, _ = self._dtypes(q)
+        q, k = np.asarray(q), np.asarray(k)
+        v = None if v is None else np.asarray(v)
+        if op == "attention_weights":
+            lead = np.broadcast_shapes(q.shape[:-2], self._expand_kv(k, q).shape[:-2])
+            results = [np.zeros(lead + (q.shape[-2], k.shape[-2]), dtype=dt)]
+        elif op == "sdpa":
+            lead = np.broadcast_shapes(q.shape[:-2], self._expand_kv(v, q).shape[:-2])
+            results = [np.zeros(lead + (q.shape[-2], v.shape[-1]), dtype=dt)]
+        else:
+            results = [np.zeros(x.shape, dtype=dt) for x in (q, k, v)]
+        for b, rows, cols in self._problems(q, k, q_lengths, kv_lengths):
+            if rows.stop == 0 or cols.stop == 0:
+                continue                        # no query, or no key: rows of 0
+            part = dict(kw, mask=self._score_slice(mask, q, k, b, rows, cols),
+                        bias=self._score_slice(bias, q, k, b, rows, cols))
+            qb = q[b][..., rows, :]
+            if op == "attention_weights":
+                results[0][b][..., rows, cols] = self.attention_weights(
+                    qb, k[b][..., cols, :], **part)
+                continue
+            # the tiles that hold keys are read whole, as a padded-batch kernel reads
+            # them: the keys after kv_lengths[b] in the last tile are masked, not skipped
+            read = slice(0, -(-cols.stop // self.block_k) * self.block_k)
+            kb, vb = k[b][..., read, :], v[b][..., read, :]
+            if op == "sdpa":
+                results[0][b][..., rows, :] = self._attention(qb, kb, vb, valid_k=cols.stop,
+                                                              **part)
+            else:
+                grads = self._vjp(qb, kb, vb, np.asarray(d_out)[b][..., rows, :],
+                                  valid_k=cols.stop, **part)
+                for result, grad, where in zip(results, grads, (rows, cols, cols)):
+                    result[b][..., where, :] = grad
+        return results[0] if op != "sdpa_vjp" else tuple(results)
 
     # ------------------------------------------------------------------ interface
 
@@ -395,8 +476,14 @@ class Tiled:
         return s.astype(dt)
 
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
-                          scale=None, softcap=None, window=None):
+                          scale=None, softcap=None, window=None, q_lengths=None,
+                          kv_lengths=None):
         """The weights in one tile over every key: exp(s - m) / l, empty rows 0."""
+        if q_lengths is not None or kv_lengths is not None:
+            _no_sink_with_lengths(sink)
+            return self._varlen("attention_weights", q, k, None, None, q_lengths,
+                                kv_lengths, mask, bias, causal=causal, scale=scale,
+                                softcap=softcap, window=window)
         q = np.asarray(q)
         v = np.zeros(np.asarray(k).shape[:-1] + (1,), dtype=q.dtype)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -415,7 +502,11 @@ class Tiled:
         return p.astype(st["dt"])
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
-             softcap=None, window=None):
+             softcap=None, window=None, q_lengths=None, kv_lengths=None):
+        if q_lengths is not None or kv_lengths is not None:
+            _no_sink_with_lengths(sink)
+            return self._varlen("sdpa", q, k, v, None, q_lengths, kv_lengths, mask, bias,
+                                causal=causal, scale=scale, softcap=softcap, window=window)
         return self._attention(q, k, v, mask=mask, bias=bias, sink=sink, causal=causal,
                                scale=scale, softcap=softcap, window=window)[0]
 
@@ -425,14 +516,26 @@ class Tiled:
                                scale=scale, softcap=softcap, window=window)
 
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
-                 scale=None, softcap=None, window=None):
+                 scale=None, softcap=None, window=None, q_lengths=None, kv_lengths=None):
+        if q_lengths is not None or kv_lengths is not None:
+            _no_sink_with_lengths(sink)
+            return self._varlen("sdpa_vjp", q, k, v, d_out, q_lengths, kv_lengths, mask,
+                                bias, causal=causal, scale=scale, softcap=softcap,
+                                window=window)
+        return self._vjp(q, k, v, d_out, mask=mask, bias=bias, sink=sink, causal=causal,
+                         scale=scale, softcap=softcap, window=window)
+
+    def _vjp(self, q, k, v, d_out, valid_k=None, **kw):
+        """(dq, dk, dv) (and d_sink with a sink); with valid_k, dk and dv of the first
+        valid_k keys."""
         q, k, v = (np.asarray(a) for a in (q, k, v))
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            st = self._setup(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
-                             softcap=softcap, window=window, d_out=d_out, sink=sink)
+            sink = kw.get("sink")
+            st = self._setup(q, k, v, d_out=d_out, valid_k=valid_k, **kw)
             out, lse = self._forward(st)
             dq, dk, dv, *d_sink = self._backward(st, out, lse, st["d_out"])
         lk = st["lk"]
+        k, v = k[..., :lk, :], v[..., :lk, :]
         k_e_shape = self._expand_kv(k, q).shape
         dq = self._unbroadcast(dq, q.shape)
         dk = self._group_sum(self._unbroadcast(dk[..., :lk, :], k_e_shape), k.shape)
