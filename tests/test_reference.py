@@ -412,7 +412,8 @@ def test_varlen_is_each_batch_element_on_its_own_lengths():
 def test_varlen_hand_values_and_padding_never_read():
     """One key allowed: the output is that value; NaN in padded queries, keys and values
     (masked_*_nan ignored) changes nothing."""
-    q = np.zeros((2, 2, 2)); k = np.zeros((2, 3, 2)); v = np.arange(12.0).reshape(2, 3, 2)
+    q, k = np.zeros((2, 2, 2)), np.zeros((2, 3, 2))
+    v = np.arange(12.0).reshape(2, 3, 2)
     out = R.sdpa(q, k, v, q_lengths=[1, 2], kv_lengths=[1, 3])
     assert out[0].tolist() == [[0.0, 1.0], [0.0, 0.0]]
     assert np.allclose(out[1], [[8.0, 9.0], [8.0, 9.0]], rtol=1e-15)
