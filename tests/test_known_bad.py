@@ -78,6 +78,8 @@ def test_planted_bug_is_caught(path, catch_of):
     assert found is not None, f"{path.stem} ({_doc(path)}) passes every quick case{kind}"
     case, message = found
     assert message.strip(), f"{path.stem}: {case} failed without a message"
+    # a planted bug is caught by a wrong output, not by the planting crashing the adapter
+    assert "the backend raised" not in message, f"{path.stem}: {case}: {message}"
 
 
 def test_the_spec_catches_every_planted_bug_as_the_readme_says(catches):

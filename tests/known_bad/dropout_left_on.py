@@ -6,9 +6,9 @@ from _plant import Planted, original
 
 
 def _probs(q, k, **kw):
-    p, t, scale = original["_probs"](q, k, **kw)
+    p, t, scale, *parts = original["_probs"](q, k, **kw)
     keep = np.random.RandomState(0).random_sample(p.shape) >= 0.1
-    return (p * keep / p.dtype.type(0.9)).astype(p.dtype), t, scale
+    return ((p * keep / p.dtype.type(0.9)).astype(p.dtype), t, scale, *parts)
 
 
 class DropoutLeftOn(Planted):

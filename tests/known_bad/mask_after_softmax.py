@@ -6,9 +6,11 @@ from _plant import Planted, original
 
 
 def _probs(q, k, *, mask, causal, window, **kw):
-    p, t, scale = original["_probs"](q, k, mask=None, causal=None, window=None, **kw)
+    p, t, scale, *parts = original["_probs"](q, k, mask=None, causal=None, window=None, **kw)
     allowed = original["_allowed"](q.shape[-2], k.shape[-2], mask, causal, window)
-    return (p if allowed is None else np.where(allowed, p, 0).astype(p.dtype)), t, scale
+    if allowed is not None:
+        p = np.where(allowed[..., :p.shape[-1]], p, 0).astype(p.dtype)
+    return (p, t, scale, *parts)
 
 
 class MaskAfterSoftmax(Planted):

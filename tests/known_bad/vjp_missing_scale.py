@@ -4,8 +4,8 @@ from _plant import Planted, original
 
 
 def _probs(q, k, **kw):
-    p, t, scale = original["_probs"](q, k, **kw)
-    return p, t, type(scale)(1)     # the backward pass multiplies ds by this scale
+    p, t, scale, *parts = original["_probs"](q, k, **kw)
+    return (p, t, type(scale)(1), *parts)     # the backward pass multiplies ds by this scale
 
 
 class VjpMissingScale(Planted):
