@@ -107,6 +107,8 @@ TAGS: dict[str, tuple] = {
     "varlen": ("per-batch sequence lengths (q_lengths, kv_lengths params)",
                lambda case, shapes: any(case.params.get(n) is not None
                                         for n in ("q_lengths", "kv_lengths"))),
+    "sink": ("an attention sink input (a per-head logit in the softmax denominator)",
+             lambda case, shapes: "sink" in case.inputs),
     "grouped-query": ("fewer kv heads than query heads (grouped- or multi-query)",
                       _grouped_query),
     "broadcast-batch": ("inputs whose leading (batch) dims differ and broadcast",
@@ -408,8 +410,8 @@ decimal reads back exactly); read them as float32 and cast with `ml_dtypes.bfloa
 
 Each case lists `tags` derived from its data, to filter on: `mask`, `bias`, `causal`,
 `causal:top_left`, `causal:bottom_right`, `window`, `softcap`, `varlen` (per-batch
-lengths), `grouped-query` (fewer
-kv heads than query heads), `broadcast-batch` (leading dims that differ and
+lengths), `sink` (an attention sink input), `grouped-query` (fewer kv heads than query
+heads), `broadcast-batch` (leading dims that differ and
 broadcast), `long` (long-sequence cases), `policy-dependent` (the expected outcome is
 a declared choice: pass yours as `policy`). `index["tags"]` says what each means.
 

@@ -439,7 +439,7 @@ class Tiled:
             kb, vb = k[b][..., read, :], v[b][..., read, :]
             if op == "sdpa":
                 results[0][b][..., rows, :] = self._attention(qb, kb, vb, valid_k=cols.stop,
-                                                              **part)
+                                                              **part)[0]
             else:
                 grads = self._vjp(qb, kb, vb, np.asarray(d_out)[b][..., rows, :],
                                   valid_k=cols.stop, **part)
