@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from .dtypes import dtype_name, numpy_dtype
@@ -16,6 +18,27 @@ def cast_inputs(exact_inputs: dict, dtype: str) -> dict:
             for n, a in exact_inputs.items()}
 
 
+def unaccepted(method, names) -> list[str]:
+    """The names among `names` that method's signature cannot take as keywords: none when
+    it takes **kwargs or has no signature to read. A backend written before a param or
+    keyword input existed is then unsupported for it, not failed (the interface grows
+    compatibly)."""
+    try:
+        signature = inspect.signature(method, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return []
+    parameters = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return []
+    accepted = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                          p.KEYWORD_ONLY)}
+    return [name for name in names if name not in accepted]
+
+
+def unaccepted_text(op, missing) -> str:
+    return f"the backend's {op} takes no {', '.join(missing)}"
+
+
 def call_backend(backend, op, arrays, params):
     """Call op with positional inputs in interface order; always a tuple of outputs."""
     spec = OPS[op]
@@ -24,6 +47,9 @@ def call_backend(backend, op, arrays, params):
     method = getattr(backend, op, None)
     if method is None:
         raise Unsupported(f"backend has no method {op!r}")
+    missing = unaccepted(method, [*keywords, *params])
+    if missing:
+        raise Unsupported(unaccepted_text(op, missing))
     try:
         result = method(*positional, **keywords, **params)
     except (Unsupported, BackendRaised, BackendCrashed, CheckFailure):
