@@ -15,6 +15,10 @@ Path of each op (also in ``PaddleBackend.paths``):
 - ``attention_weights``: native SDPA with ``V = identity(Lk)`` (its output is P, with
   SDPA's own masking); composed (as for ``sdpa``) with ``softcap``.
 - ``sdpa_vjp``: ``paddle.grad`` through exactly the ``sdpa`` path.
+- ``sdpa_lse``: composed, ``paddle.matmul`` / ``exp`` / ``sum`` / ``log`` of the score
+  pipeline (paddle has no public op returning the lse).
+- ``sink`` (attention_weights, sdpa, sdpa_lse, sdpa_vjp): composed, the sink as one more
+  score column of value 0 (the native op has none); d_sink by ``paddle.grad``.
 - ``softmax``: native ``paddle.nn.functional.softmax``.
 - ``scores``: composed from ``paddle.matmul`` / ``paddle.tanh`` (no score-function API).
 - ``self_attention``: projections with ``paddle.matmul``, then the ``sdpa`` path.
@@ -58,7 +62,7 @@ with warnings.catch_warnings():  # "No ccache found", raised by paddle's C++ ext
     import paddle
     import paddle.nn.functional as F
 
-_OPS = ("softmax", "scores", "attention_weights", "sdpa", "self_attention",
+_OPS = ("softmax", "scores", "attention_weights", "sdpa", "sdpa_lse", "self_attention",
         "multi_head_attention", "sdpa_vjp")
 _CAUSAL = (None, "top_left", "bottom_right")
 
@@ -125,11 +129,42 @@ def _lift(t, rank):
 
 
 
-def _no_sink(sink, name):
-    """Attention sinks: the framework has no native form, and this adapter composes none."""
+def _composed_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
+                  softcap=None, window=None):
+    """(softmax(s) v, lse(s), P) of the score pipeline s with paddle ops, in the interface
+    layout; paddle has no op returning the lse, and none with a sink, which is one more
+    score column (a key of value 0). Disallowed keys are added as -inf, as the native op
+    adds its boolean mask, so the declared policies hold (a row without keys is NaN, a
+    NaN at a masked key propagates)."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    if q.ndim >= 3 and k.ndim >= 3 and v.ndim >= 3:
+        hq, hk = q.shape[-3], k.shape[-3]
+        if hk > 1 and hq != hk and hq % hk == 0:  # grouped-query: kv head h // group
+            k, v = (paddle.repeat_interleave(x, hq // hk, axis=x.ndim - 3) for x in (k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    s = paddle.matmul(q, k, transpose_y=True) * scale
+    if softcap is not None:
+        if softcap <= 0:
+            raise ValueError(f"softcap must be positive, got {softcap}")
+        s = softcap * paddle.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias
+    ok = _and(None if mask is None else np.asarray(mask, dtype=bool),
+              _allowed(lq, lk, causal, window))
+    if ok is not None:
+        s = s + paddle.to_tensor(np.where(ok, 0.0, -math.inf).astype(str(s.dtype)
+                                                                     .replace("paddle.", "")))
     if sink is not None:
-        raise NotImplementedError(f"{name}: no attention sink (a per-head logit in the"
-                                  " softmax denominator) in the framework's attention op")
+        col = sink.reshape(list(sink.shape) + [1, 1])
+        shape = list(np.broadcast_shapes(tuple(s.shape[:-1]), tuple(col.shape[:-1])))
+        s = paddle.concat([paddle.broadcast_to(s, shape + [lk]),
+                           paddle.broadcast_to(col, shape + [1])], axis=-1)
+    m = paddle.max(s, axis=-1, keepdim=True).detach()
+    e = paddle.exp(s - m)
+    total = paddle.sum(e, axis=-1, keepdim=True)
+    p = (e / total)[..., :lk]
+    lse = (paddle.log(total) + m).squeeze(-1)
+    return paddle.matmul(p, v), lse, p
 
 class _Layout:
     """(*batch, heads, L, D) tensors as the op's (B, L, H, D), and back (paddle ops)."""
@@ -270,15 +305,20 @@ class PaddleBackend:
         "softmax": "native: paddle.nn.functional.softmax",
         "scores": "composed: paddle.matmul / paddle.tanh (paddle has no score-function API)",
         "attention_weights": "native: F.scaled_dot_product_attention with V = identity(Lk) "
-                             "(keeps its masking); composed with softcap",
+                             "(keeps its masking); composed with softcap, and with a sink (one "
+                             "more score column of value 0: the native op has no sink)",
         "sdpa": "native: F.scaled_dot_product_attention (is_causal for top-left alone, "
                 "enable_gqa; mask/causal/window/bias folded into attn_mask); composed "
-                "(paddle ops) only with softcap",
+                "(paddle ops) only with softcap, and with a sink (the native op has "
+                "none)",
         "self_attention": "composed projections (paddle.matmul), then native SDPA",
         "multi_head_attention": "native: paddle.nn.MultiHeadAttention (bias_attr=False); "
                                 "composed (paddle.matmul + SDPA) for grouped-query or head "
                                 "sizes the layer cannot express",
-        "sdpa_vjp": "native: paddle.grad through the sdpa path",
+        "sdpa_vjp": "native: paddle.grad through the sdpa path (through the composed "
+                    "sink path with a sink: d_sink)",
+        "sdpa_lse": "composed: paddle.matmul / exp / sum / log of the score pipeline "
+                    "(paddle has no public op returning the lse)",
     }
 
     def __init__(self):
@@ -322,10 +362,13 @@ class PaddleBackend:
     @_lengths.as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
-        _no_sink(sink, self.name)
         dt = self._dtype(q)
         tq, tk = _to_paddle(q, dt), _to_paddle(k, dt)
         tb = None if bias is None else _to_paddle(bias, dt)
+        if sink is not None:
+            return _to_numpy(_composed_lse(tq, tk, tk, mask=mask, bias=tb,
+                                           sink=_to_paddle(sink, dt), causal=causal,
+                                           scale=scale, softcap=softcap, window=window)[2])
         lk = tk.shape[-2]
         eye = paddle.broadcast_to(paddle.eye(lk, dtype=dt), list(tk.shape[:-2]) + [lk, lk])
         p = _attend(tq, tk, eye, mask=mask, bias=tb, causal=causal, scale=scale,
@@ -335,7 +378,9 @@ class PaddleBackend:
     @_lengths.as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
-        _no_sink(sink, self.name)
+        if sink is not None:
+            return self.sdpa_lse(q, k, v, mask=mask, bias=bias, sink=sink, causal=causal,
+                                 scale=scale, softcap=softcap, window=window)[0]
         dt = self._dtype(q)
         tq, tk, tv = (_to_paddle(a, dt) for a in (q, k, v))
         tb = None if bias is None else _to_paddle(bias, dt)
@@ -346,16 +391,30 @@ class PaddleBackend:
     @_lengths.as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
-        _no_sink(sink, self.name)
         dt = self._dtype(q)
-        leaves = [_to_paddle(a, dt) for a in (q, k, v)]
+        leaves = [_to_paddle(a, dt) for a in (q, k, v) + (() if sink is None else (sink,))]
         for t in leaves:
             t.stop_gradient = False
         tb = None if bias is None else _to_paddle(bias, dt)
-        out = _attend(*leaves, mask=mask, bias=tb, causal=causal, scale=scale,
-                      softcap=softcap, window=window)
+        if sink is None:
+            out = _attend(*leaves, mask=mask, bias=tb, causal=causal, scale=scale,
+                          softcap=softcap, window=window)
+        else:  # composed: the native op has no sink; d_sink by paddle.grad
+            out = _composed_lse(*leaves[:3], mask=mask, bias=tb, sink=leaves[3],
+                                causal=causal, scale=scale, softcap=softcap,
+                                window=window)[0]
         grads = paddle.grad([out], leaves, grad_outputs=[_to_paddle(d_out, dt)])
         return tuple(_to_numpy(g) for g in grads)
+
+    def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
+                 softcap=None, window=None):
+        dt = self._dtype(q)
+        tq, tk, tv = (_to_paddle(a, dt) for a in (q, k, v))
+        tb = None if bias is None else _to_paddle(bias, dt)
+        ts = None if sink is None else _to_paddle(sink, dt)
+        out, lse, _ = _composed_lse(tq, tk, tv, mask=mask, bias=tb, sink=ts, causal=causal,
+                                    scale=scale, softcap=softcap, window=window)
+        return _to_numpy(out), _to_numpy(lse)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
         dt = self._dtype(x)

@@ -20,7 +20,12 @@ path (also declared in ``TensorflowBackend.paths``):
   ``keras.layers.GroupQueryAttention`` when ``num_kv_heads < num_heads``); composed
   projections + native ``keras.ops.dot_product_attention`` where the layers cannot
   express the case (per-head mask, grouped-query with ``Dhv != Dh`` or ``Eo != Eq``).
-- ``sdpa_vjp``: ``tf.GradientTape`` over the native ``sdpa`` path.
+- ``sdpa_vjp``: ``tf.GradientTape`` over the native ``sdpa`` path (over the composed
+  sink path with a ``sink``: d_sink).
+- ``sdpa_lse``: composed, ``tf.matmul`` / ``tf.exp`` / ``tf.reduce_sum`` of the score
+  pipeline (Keras has no op returning the lse).
+- ``sink`` (attention_weights, sdpa, sdpa_lse, sdpa_vjp): composed, the sink as one more
+  score column of value 0; Keras' attention op has no sink.
 
 Every configuration (op, static parameters, shapes, dtypes) runs eagerly until it
 has spent about as long as one trace costs (~0.15 s); from then on it runs a
@@ -85,6 +90,10 @@ def _numpy(t, dtype: str) -> np.ndarray:
     return out
 
 
+def _bool(mask):
+    return None if mask is None else np.asarray(mask, dtype=bool)
+
+
 def _sig(*arrays):
     """Shapes and dtypes of the arguments: part of every cache key."""
     return tuple(None if a is None else (tuple(np.shape(a)), np.asarray(a).dtype.name)
@@ -92,11 +101,73 @@ def _sig(*arrays):
 
 
 
-def _no_sink(sink, name):
-    """Attention sinks: the framework has no native form, and this adapter composes none."""
+def _allowed(lq: int, lk: int, causal, window):
+    """Bool (Lq, Lk): True where causal and window allow query i to see key j, or None."""
+    if causal not in (None, "top_left", "bottom_right"):
+        raise ValueError(f"causal must be None, 'top_left' or 'bottom_right', not {causal!r}")
+    if causal is None and window is None:
+        return None
+    pos = np.arange(lq)[:, None] + (lk - lq if causal == "bottom_right" else 0)
+    j = np.arange(lk)[None, :]
+    ok = np.ones((lq, lk), dtype=bool)
+    if causal is not None:
+        ok &= j <= pos
+    if window is not None:
+        left, right = window
+        if left is not None and left >= 0:
+            ok &= j >= pos - left
+        if right is not None and right >= 0:
+            ok &= j <= pos + right
+    return ok
+
+
+def _composed_lse(q, k, v, *, mask, bias, sink, causal, scale, softcap, window):
+    """(softmax(s) v, lse(s)) of the score pipeline s with tf ops, in the interface layout.
+
+    Keras has no op returning the lse, and none with a sink; the sink is one more score
+    column (a key of value 0). Disallowed logits are replaced (tf.where) by the value
+    keras.ops.dot_product_attention writes, so the declared policies hold: a row without
+    keys is uniform (its lse is log(Lk), that of Lk equal scores), an all -inf bias row
+    NaN, a NaN at a masked key ignored. float16 / bfloat16 compute in float32.
+    """
+    dtype = q.dtype
+    work = tf.float64 if dtype == tf.float64 else tf.float32
+    q, k, v = (tf.cast(x, work) for x in (q, k, v))
+    lq, lk = q.shape[-2], k.shape[-2]
+    if q.shape.rank >= 3 and k.shape.rank >= 3 and v.shape.rank >= 3:
+        hq, hk = q.shape[-3], k.shape[-3]
+        if hk > 1 and hq != hk and hq % hk == 0:  # grouped-query: kv head h // group
+            k, v = (tf.repeat(x, hq // hk, axis=-3) for x in (k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    s = tf.matmul(q, k, transpose_b=True) * tf.constant(scale, work)
+    if softcap is not None:
+        if softcap <= 0:
+            raise ValueError(f"softcap must be positive, got {softcap}")
+        s = softcap * tf.tanh(s / softcap)
+    if bias is not None:
+        s = s + tf.cast(bias, work)
+    allowed = _combine_masks(mask, _allowed(lq, lk, causal, window))
+    empty = None
+    if allowed is not None:
+        full = np.broadcast_to(allowed, np.broadcast_shapes(allowed.shape, tuple(s.shape)))
+        s = tf.where(tf.constant(full), s, tf.constant(_LARGE_NEGATIVE, work))
+        empty = tf.constant(~full.any(axis=-1))
     if sink is not None:
-        raise NotImplementedError(f"{name}: no attention sink (a per-head logit in the"
-                                  " softmax denominator) in the framework's attention op")
+        col = tf.cast(sink, work)[..., None, None]
+        shape = tf.broadcast_dynamic_shape(tf.shape(s)[:-1], tf.shape(col)[:-1])
+        s = tf.concat([tf.broadcast_to(s, tf.concat([shape, [lk]], 0)),
+                       tf.broadcast_to(col, tf.concat([shape, [1]], 0))], axis=-1)
+        empty = None  # the sink is always allowed: no row is empty
+    m = tf.stop_gradient(tf.reduce_max(s, axis=-1, keepdims=True))
+    e = tf.exp(s - m)
+    total = tf.reduce_sum(e, axis=-1, keepdims=True)
+    p = e / total
+    lse = tf.math.log(total[..., 0])
+    shifted = lse + m[..., 0]
+    lse = shifted if empty is None else tf.where(empty, lse, shifted)
+    out = tf.matmul(p[..., :lk], v)
+    return tf.cast(out, dtype), tf.cast(lse, dtype), tf.cast(p[..., :lk], dtype)
+
 
 class _Runner:
     """Run a computation eagerly, or through a tf.function once its key has spent
@@ -309,16 +380,22 @@ class TensorflowBackend:
         "softmax": "native: keras.ops.softmax",
         "scores": "composed: keras.ops.matmul / tanh (no public raw-score op)",
         "attention_weights": "native: keras.ops.dot_product_attention with V = I(Lk); "
-                             "composed keras.ops.softmax pipeline for softcap",
+                             "composed keras.ops.softmax pipeline for softcap; composed "
+                             "(tf ops) with a sink (one more score column of value 0: "
+                             "keras.ops.dot_product_attention has no sink)",
         "sdpa": "native: keras.ops.dot_product_attention (explicit mask for "
-                "bottom-right causal and window; composed for softcap)",
+                "bottom-right causal and window; composed for softcap, and "
+                "with a sink: one more score column of value 0, the native op has none)",
         "self_attention": "composed: keras.ops.matmul projections + native "
                           "keras.ops.dot_product_attention",
         "multi_head_attention": "native: keras.layers.MultiHeadAttention / "
                                 "GroupQueryAttention (composed projections + native "
                                 "dot_product_attention for per-head masks and GQA "
                                 "with Dhv != Dh or Eo != Eq)",
-        "sdpa_vjp": "native: tf.GradientTape over keras.ops.dot_product_attention",
+        "sdpa_vjp": "native: tf.GradientTape over keras.ops.dot_product_attention; "
+                    "tf.GradientTape over the composed sink path with a sink (d_sink)",
+        "sdpa_lse": "composed: tf.matmul / tf.exp / tf.reduce_sum of the score pipeline "
+                    "(Keras has no op returning the lse)",
     }
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
 
@@ -363,9 +440,11 @@ class TensorflowBackend:
     @_lengths.as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
-        _no_sink(sink, self.name)
         dtype = _dtype_name(q, k)
         lk = k.shape[-2]
+        if sink is not None:
+            return _numpy(self._composed(q, k, k, mask, bias, sink, causal, scale, softcap,
+                                         window)[2], dtype)
         if softcap is None:  # P = softmax(...)·I, computed by the native op itself
             eye = np.broadcast_to(np.eye(lk, dtype=q.dtype), k.shape[:-1] + (lk,))
             return self.sdpa(q, k, eye, mask=mask, bias=bias, causal=causal,
@@ -398,16 +477,27 @@ class TensorflowBackend:
     @_lengths.as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
-        _no_sink(sink, self.name)
         dtype = _dtype_name(q, k, v)
+        if sink is not None:
+            return _numpy(self._composed(q, k, v, mask, bias, sink, causal, scale, softcap,
+                                         window)[0], dtype)
         key, fn, args = self._sdpa_call(q, k, v, mask, bias, causal, scale, softcap, window)
         return _numpy(self._run(("sdpa",) + key, fn, *args), dtype)
 
     @_lengths.as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
-        _no_sink(sink, self.name)
         dtype = _dtype_name(q, k, v)
+        if sink is not None:
+            leaves = [_tensor(a) for a in (q, k, v, sink)]
+            with tf.GradientTape() as tape:
+                tape.watch(leaves)
+                out = _composed_lse(*leaves[:3], mask=_bool(mask), bias=_tensor(bias),
+                                    sink=leaves[3], causal=causal, scale=scale,
+                                    softcap=softcap, window=window)[0]
+            grads = tape.gradient(out, leaves, output_gradients=_tensor(d_out))
+            return tuple(_numpy(tf.zeros_like(x) if g is None else g, dtype)
+                         for x, g in zip(leaves, grads))
         key, fn, args = self._sdpa_call(q, k, v, mask, bias, causal, scale, softcap, window)
 
         def vjp(qt, kt, vt, mt, bt, gt):
@@ -420,6 +510,20 @@ class TensorflowBackend:
 
         grads = self._run(("vjp",) + key + _sig(d_out), vjp, *args, _tensor(d_out))
         return tuple(_numpy(g, dtype) for g in grads)
+
+    def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
+                 softcap=None, window=None):
+        dtype = _dtype_name(q, k, v)
+        out, lse, _ = self._composed(q, k, v, mask, bias, sink, causal, scale, softcap, window)
+        return _numpy(out, dtype), _numpy(lse, dtype)
+
+    @staticmethod
+    def _composed(q, k, v, mask, bias, sink, causal, scale, softcap, window):
+        """The composed (out, lse, P) of sdpa_lse and of sinks, eagerly."""
+        return _composed_lse(_tensor(q), _tensor(k), _tensor(v),
+                             mask=_bool(mask),
+                             bias=_tensor(bias), sink=_tensor(sink), causal=causal,
+                             scale=scale, softcap=softcap, window=window)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
         dtype = _dtype_name(x, w_q, w_k, w_v)

@@ -472,3 +472,13 @@ def test_paddle_cpu_has_no_half_precision_matmul(paddle, dtype):
         paddle.matmul(one, one)
     assert np.array_equal(np.ones((2, 2), dtype=dtype) @ np.ones((2, 2), dtype=dtype),
                           np.full((2, 2), 2, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype, floor", [(np.float32, 1e-37), (np.float64, 1e-307)])
+def test_paddle_exp_of_minus_inf_is_a_tiny_normal_not_zero(paddle, dtype, floor):
+    # the composed sink path's exp: on a vector, paddle.exp(-inf) is about the smallest
+    # normal / 4 (2.9e-39 in float32, 5.6e-309 in float64); IEEE and NumPy give 0
+    x = np.full(64, -np.inf, dtype=dtype)
+    got = paddle.exp(paddle.to_tensor(x)).numpy()
+    assert np.exp(x).max() == 0.0
+    assert np.all(got > 0) and np.all(got < floor)
