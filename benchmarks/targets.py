@@ -52,7 +52,7 @@ FIGURES = HERE / "results-targets.json"
 RESULTS = HERE / "results.md"
 FLOOR_BACKENDS = ("jax", "tensorflow", "torch", "onnxruntime")
 GROWTH_TOPICS = ("tiles", "varlen", "lse", "sinks", "precision")
-TARGETS = {"tox_cold": 600.0, "tox_warm": 180.0, "suite": 180.0, "overhead": 1.5,
+TARGETS = {"tox_cold": 600.0, "tox_warm": 180.0, "tox_fresh": 600.0, "suite": 180.0, "overhead": 1.5,
            "floor": 1.2}
 #: per-backend settings of tox.ini, applied unless the caller's environment sets them
 BACKEND_ENV = {"torch": {"OMP_NUM_THREADS": "1"}}
@@ -281,7 +281,9 @@ def verdict(figure: dict | None) -> str:
 
 def summary_line(figures: dict) -> str:
     parts = []
-    for key, label, fmt in (("tox_cold", "tox -p cold", "{wall:.0f} s"),
+    fresh = (("tox_fresh", "tox -p fresh clone (JAX cache kept)", "{wall:.0f} s"),) \
+        if "tox_fresh" in figures else ()
+    for key, label, fmt in (("tox_cold", "tox -p cold", "{wall:.0f} s"), *fresh,
                             ("tox_warm", "tox -p warm", "{wall:.0f} s"),
                             ("suite", "suite", "{wall:.0f} s"),
                             ("overhead", "NumPy overhead", "x{ratio:.2f}")):
@@ -325,6 +327,9 @@ def render(figures: dict) -> str:
                 f"ends before {v['schedule_floor']:.0f} s)")
 
     row("tox_cold", "1. full `tox -p`, cold", tox, "≤ 600 s")
+    if "tox_fresh" in figures:
+        row("tox_fresh", "1. full `tox -p`, fresh clone with JAX's cache kept (not cold)", tox,
+            "≤ 600 s")
     row("tox_warm", "1. full `tox -p`, warm", tox, "≤ 180 s")
     row("suite", "2. `pytest tests -n 2` (tox -e suite)",
         lambda v: f"{v['wall']:.0f} s wall" + (f", {v['cpu']:.0f} CPU s" if v.get("cpu") else
@@ -376,7 +381,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--spec", default=str(ROOT / "spec"))
     p.add_argument("--tox-log", type=Path, help="the output of a `tox -p` run to read")
-    p.add_argument("--tox-kind", choices=("cold", "warm"), default="warm")
+    p.add_argument("--tox-kind", choices=("cold", "fresh", "warm"), default="warm")
     p.add_argument("--summary", action="store_true",
                    help="print the summary line of the last figures and exit (CI)")
     p.add_argument("--figures", type=Path, default=FIGURES)
