@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import numpy as np
@@ -22,17 +23,27 @@ def unaccepted(method, names) -> list[str]:
     """The names among `names` that method's signature cannot take as keywords: none when
     it takes **kwargs or has no signature to read. A backend written before a param or
     keyword input existed is then unsupported for it, not failed (the interface grows
-    compatibly)."""
+    compatibly). Read once per function: this runs on every call."""
+    function = getattr(method, "__func__", method)
     try:
-        signature = inspect.signature(method, follow_wrapped=False)
+        accepted = _keywords_taken(function)
+    except TypeError:                       # an unhashable callable: read it each time
+        accepted = _keywords_taken.__wrapped__(function)
+    return [] if accepted is None else [name for name in names if name not in accepted]
+
+
+@functools.lru_cache(maxsize=256)
+def _keywords_taken(function) -> frozenset | None:
+    """The keyword names function takes, or None when it takes any (or cannot be read)."""
+    try:
+        signature = inspect.signature(function, follow_wrapped=False)
     except (TypeError, ValueError):
-        return []
+        return None
     parameters = signature.parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return []
-    accepted = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD,
-                                                          p.KEYWORD_ONLY)}
-    return [name for name in names if name not in accepted]
+        return None
+    return frozenset(p.name for p in parameters
+                     if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def unaccepted_text(op, missing) -> str:

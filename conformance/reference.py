@@ -128,9 +128,14 @@ def scores(q, k, *, kind, scale=None, w=None, u=None, v=None):
 def allowed_keys(lq, lk, *, causal=None, window=None, rows=None):
     """Boolean (len(rows), Lk): key j allowed for query i by causal and window."""
     i = np.arange(lq)[:, None] if rows is None else np.asarray(rows)[:, None]
-    j = np.arange(lk)[None, :]
     position = i + (lk - lq if causal == "bottom_right" else 0)
-    keep = np.ones((i.shape[0], lk), dtype=bool)
+    return _causal_and_window(np.arange(lk)[None, :], position, causal, window)
+
+
+def _causal_and_window(j, position, causal, window):
+    """Boolean, j and position broadcast: key j allowed by causal and window for a query at
+    `position` (its row plus the bottom-right offset, when there is one)."""
+    keep = np.ones(np.broadcast_shapes(j.shape, position.shape), dtype=bool)
     if causal in ("top_left", "bottom_right"):
         keep &= j <= position
     elif causal is not None:
@@ -177,17 +182,9 @@ def length_keys(score_shape, *, causal=None, window=None, q_lengths=None, kv_len
     i = (np.arange(lq) if rows is None else np.asarray(rows))[None, :, None]
     j = np.arange(lk)[None, None, :]
     position = i + (kv_len - q_len if causal == "bottom_right" else 0)
-    keep = np.broadcast_to(j < kv_len, (batch, i.shape[1], lk)).copy()
-    if causal in ("top_left", "bottom_right"):
-        keep &= j <= position
-    elif causal is not None:
-        raise ValueError(f"unknown causal alignment {causal!r}")
-    if window is not None:
-        left, right = window
-        if left is not None and left >= 0:
-            keep &= j >= position - left
-        if right is not None and right >= 0:
-            keep &= j <= position + right
+    keep = (j < kv_len) & _causal_and_window(j, np.broadcast_to(position, (batch,) +
+                                                                position.shape[1:]),
+                                             causal, window)
     return _batch_lead(keep, len(score_shape))
 
 
