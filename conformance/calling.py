@@ -50,11 +50,18 @@ def unaccepted_text(op, missing) -> str:
     return f"the backend's {op} takes no {', '.join(missing)}"
 
 
+def call_arguments(op, arrays: dict) -> tuple[list, dict]:
+    """The inputs as a call passes them: the op's positional ones in interface order, the
+    rest (mask, bias, sink, ...) as keywords."""
+    positional = OPS[op].positional
+    return [arrays[name] for name in positional], \
+        {n: a for n, a in arrays.items() if n not in positional}
+
+
 def call_backend(backend, op, arrays, params):
     """Call op with positional inputs in interface order; always a tuple of outputs."""
     spec = OPS[op]
-    positional = [arrays[name] for name in spec.positional]
-    keywords = {n: a for n, a in arrays.items() if n not in spec.positional}
+    positional, keywords = call_arguments(op, arrays)
     method = getattr(backend, op, None)
     if method is None:
         raise Unsupported(f"backend has no method {op!r}")

@@ -29,21 +29,31 @@ from .outcomes import BackendCrashed, BackendRaised, CheckFailure
 from .timeout import CaseTimeout
 
 LOAD_SECONDS = 600.0        # importing a framework (and a first compile) can be slow
+STANDBY_CALLS = 500         # a replacement process starts this many calls before a restart
 
 
 class IsolatedBackend:
     def __init__(self, reference: str, *, restart_every: int = 0, load_timeout=LOAD_SECONDS,
-                 device: str | None = None):
+                 device: str | None = None, wait: bool = True):
+        """wait=False: return once the process is started, and take its declaration in
+        wait_loaded(), so that the caller's own start-up overlaps the backend's import."""
         self.reference, self.restart_every, self.load_timeout = reference, restart_every, load_timeout
         self.device = device            # the backend is built with device=DEVICE, if given
         self.deadline: float | None = None       # monotonic time by which a call must end
         self.timeout_text = ""
         self.isolated = True
-        self._proc = self._conn = None
-        self._calls = 0
-        self._log = tempfile.NamedTemporaryFile(prefix="attention-conformance-backend-",
-                                                suffix=".log", delete=False)
-        self._declared = self._start()
+        self._calls, self._pending = 0, None    # _pending: a call sent ahead (prefetch)
+        self._logs = [_log_file()]              # the second, for a standby, when one starts
+        self._log = self._logs[0]
+        self._standby = None                    # (process, connection, log) started ahead
+        self._retired = []                      # stopped processes not yet reaped
+        self._proc, self._conn = self._launch(self._log)
+        if wait:
+            self.wait_loaded()
+
+    def wait_loaded(self):
+        """Take the backend's declaration (BackendLoadError if it failed to load)."""
+        self._declared = self._declaration()
         for key in ("name", "dtypes", "policy", "versions", "paths"):
             setattr(self, key, self._declared[key])
         self.dtypes = frozenset(self.dtypes)
@@ -56,20 +66,36 @@ class IsolatedBackend:
                 setattr(self, op, None)
 
     # --- the process ------------------------------------------------------------------
-    def _start(self) -> dict:
+    def _launch(self, log):
+        """Start a backend process writing to log; it loads the backend and declares it."""
         ours, theirs = socket.socketpair()
-        self._log.seek(0)
-        self._log.truncate()
+        log.seek(0)
+        log.truncate()
         command = [sys.executable, "-m", "attention_conformance.worker",
                    str(theirs.fileno()), self.reference]
         if self.device is not None:
             command.append(self.device)
-        self._proc = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                      stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+        proc = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         theirs.close()
-        self._conn = Connection(ours.detach())
-        self._calls = 0
+        return proc, Connection(ours.detach())
+
+    def _start(self) -> dict:
+        """A fresh process: the standby if one was started ahead, else a new one."""
+        if self._standby is not None:
+            (self._proc, self._conn, self._log), self._standby = self._standby, None
+        else:
+            self._proc, self._conn = self._launch(self._log)
+        return self._declaration()
+
+    def _start_standby(self):
+        if len(self._logs) == 1:
+            self._logs.append(_log_file())
+        log = self._logs[1] if self._log is self._logs[0] else self._logs[0]
+        self._standby = (*self._launch(log), log)
+
+    def _declaration(self) -> dict:
+        self._calls, self._pending = 0, None
         answer = self._receive(time.monotonic() + self.load_timeout, "loading the backend")
         if "load_error" in answer:
             self.close()
@@ -127,29 +153,68 @@ class IsolatedBackend:
         self._proc = None
 
     def close(self):
-        """Stop the process (killed if it does not stop within two seconds)."""
+        """Stop every process (each killed if it does not stop within two seconds)."""
+        self._retire()
+        if self._standby is not None:
+            self._retired.append(self._standby[:2])
+            self._standby = None
+        for proc, conn in self._retired:
+            _stop(proc, conn, wait=2)
+        self._retired = []
+
+    def _retire(self):
+        """Tell the current process to stop, and go on without waiting for it to end."""
+        self._pending = None
         if self._proc is not None:
             try:
                 wire.send(self._conn, {"stop": True})
-                self._proc.wait(timeout=2)
             except Exception:
                 pass
-            self._kill()
-        if self._conn is not None:
+            self._retired.append((self._proc, self._conn))
+        elif self._conn is not None:
             self._conn.close()
-            self._conn = None
+        self._proc = self._conn = None
+        self._retired = [(p, c) for p, c in self._retired if not _stop(p, c, wait=0)]
 
     # --- calls -------------------------------------------------------------------------
     def call(self, op: str, args, kwargs):
-        if self._proc is None or (self.restart_every and self._calls >= self.restart_every):
+        pending, self._pending = self._pending, None
+        if pending is not None and pending == (op, args, kwargs):
+            return _result(op, self._receive(self.deadline, f"computing {op}"))
+        if pending is not None:
+            self._discard()
+        if self._proc is None or self._restart_due():
             started = time.monotonic()
-            self.close()
+            self._retire()
             self._start()
             if self.deadline is not None:       # starting a process is not the call's time
                 self.deadline += time.monotonic() - started
+        self._send(op, args, kwargs)
+        return _result(op, self._receive(self.deadline, f"computing {op}"))
+
+    def prefetch(self, op: str, args, kwargs) -> bool:
+        """Send a call ahead of time: the backend's process computes it while this one goes
+        on (reporting the last test), and call() with the very same arguments (the same
+        array objects) takes its answer. A call that is never asked for is discarded. Only
+        into a running process, one call ahead; False when nothing was sent."""
+        if self._pending is not None or self._proc is None or self._restart_due():
+            return False
+        try:
+            self._send(op, args, kwargs)
+        except BackendCrashed:
+            return False                        # the next call finds the process gone
+        self._pending = _Pending(op, args, kwargs)
+        return True
+
+    def _restart_due(self) -> bool:
+        return bool(self.restart_every and self._calls >= self.restart_every)
+
+    def _send(self, op, args, kwargs):
         self._calls += 1
-        spec = OPS[op]
-        arrays = dict(zip(spec.positional, args))
+        if self.restart_every and self._standby is None and \
+                self._calls >= self.restart_every - STANDBY_CALLS:
+            self._start_standby()
+        arrays = dict(zip(OPS[op].positional, args))
         params = {}
         for key, value in kwargs.items():
             (arrays if isinstance(value, np.ndarray) else params)[key] = value
@@ -157,8 +222,66 @@ class IsolatedBackend:
             wire.send(self._conn, {"op": op, "arrays": arrays, "params": params})
         except (OSError, EOFError) as exc:
             raise BackendCrashed(self._death(f"receiving {op}", exc)) from None
-        answer = self._receive(self.deadline, f"computing {op}")
-        return _result(op, answer)
+
+    def _discard(self):
+        """Wait out a call sent ahead that was not asked for: its answer is dropped, and a
+        process that hangs or dies on it is replaced, blamed on no test (the test it was
+        for did not run it). Its time is not the next call's."""
+        started = time.monotonic()
+        limit = None if self.deadline is None else started + max(0.0, self.deadline - started)
+        try:
+            self._receive(limit, "computing a call sent ahead")
+        except (CaseTimeout, BackendCrashed):
+            self._kill()
+        if self.deadline is not None:
+            self.deadline += time.monotonic() - started
+
+
+class _Pending:
+    """A call sent ahead: equal to a later call with the same op, the same array objects
+    (identity: comparing contents would cost what the call saves) and equal params."""
+
+    def __init__(self, op, args, kwargs):
+        self.op, self.args, self.kwargs = op, tuple(args), dict(kwargs)
+
+    def __eq__(self, other):
+        op, args, kwargs = other
+        return (op == self.op and len(args) == len(self.args)
+                and all(a is b for a, b in zip(args, self.args))
+                and kwargs.keys() == self.kwargs.keys()
+                and all(_same(kwargs[k], self.kwargs[k]) for k in kwargs))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return a is b
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+def _log_file():
+    return tempfile.NamedTemporaryFile(prefix="attention-conformance-backend-", suffix=".log",
+                                       delete=False)
+
+
+def _stop(proc, conn, wait: float) -> bool:
+    """Has a process told to stop ended? After `wait` seconds it is killed (wait > 0)."""
+    try:
+        proc.wait(timeout=wait) if wait else None
+    except subprocess.TimeoutExpired:
+        pass
+    if proc.poll() is None:
+        if not wait:
+            return False
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    conn.close()
+    return True
 
 
 def _signal_name(number: int) -> str:

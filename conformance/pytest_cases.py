@@ -26,7 +26,7 @@ from .loading import BackendLoadError, load_backend
 from .outcomes import BackendCrashed, BackendRaised, CheckFailure, SuiteError, Unsupported
 from .report import summary_lines, write_backend_report
 from .results import ResultLog, record_for
-from .runner import run_case
+from .runner import run_case, send_ahead
 from .spec_folder import SpecFolder
 from .spec_loader import SpecError, load_spec
 from .spec_yaml import printable
@@ -42,14 +42,21 @@ class State:
         device = config.getoption("device")
         if config.getoption("in_process"):
             self.backend = load_backend(reference, device)
-        else:
-            self.backend = IsolatedBackend(reference, device=device,
+        else:       # its process imports the framework while this one loads the spec
+            self.backend = IsolatedBackend(reference, device=device, wait=False,
                                            restart_every=config.getoption("restart_every"))
+        try:
+            self.folder = SpecFolder.from_option(config.getoption("spec_dir"))
+            self.cases_dir = self.folder.cases_dir
+            self.spec = load_spec(self.folder, cache=True)
+            self.golden = GoldenStore.of(self.folder)
+            if isinstance(self.backend, IsolatedBackend):
+                self.backend.wait_loaded()
+        except BaseException:
+            if isinstance(self.backend, IsolatedBackend):
+                self.backend.close()
+            raise
         self.info = describe(self.backend)
-        self.folder = SpecFolder.from_option(config.getoption("spec_dir"))
-        self.cases_dir = self.folder.cases_dir
-        self.spec = load_spec(self.folder, cache=True)
-        self.golden = GoldenStore.of(self.folder)
         self.expected = expected_for(self.backend, config.getoption("expected_failures"))
         self.log = ResultLog(self.info, self.spec, spec_dir=self.folder.root,
                              selection=_selection(config))
@@ -64,6 +71,7 @@ def _selection(config) -> dict:
 
 _STATE = pytest.StashKey["State"]()
 _COLLECTOR = pytest.StashKey["_Collector"]()
+_NEXT_ITEM = pytest.StashKey["pytest.Item | None"]()
 
 
 def start(config):
@@ -163,12 +171,22 @@ class CaseItem(pytest.Item):
         self.test_id = f"{case.topic}/{self.name}"
         self.add_marker("conformance")
 
+    prepared = None             # this test's inputs, when its first call was sent ahead
+
     def runtest(self):
         state = _state(self.config)
+        try:
+            self._run(state)
+        finally:
+            self._send_next_ahead(state.backend)
+
+    def _run(self, state):
         start = time.perf_counter()
+        prepared, self.prepared = self.prepared, None
         try:
             with self._time_limit(state.backend):
-                result = run_case(state.backend, self.case, self.variant, self.dtype, state.golden)
+                result = run_case(state.backend, self.case, self.variant, self.dtype, state.golden,
+                                  prepared)
         except Unsupported as exc:
             self._record("unsupported", str(exc), start)
             pytest.skip(f"unsupported: {exc}")
@@ -193,6 +211,18 @@ class CaseItem(pytest.Item):
             self._record("fail", message, start)
             raise SuiteError(message) from exc
         self._record("pass", "", start, result.worst_ratio)
+
+    def _send_next_ahead(self, backend):
+        """Isolated, the next test's first call goes to the backend's process now and is
+        computed there while pytest reports this test (two processes, two cores)."""
+        following = self.stash.get(_NEXT_ITEM, None)
+        if not getattr(backend, "isolated", False) or not isinstance(following, CaseItem):
+            return
+        try:
+            following.prepared = send_ahead(backend, following.case, following.variant,
+                                            following.dtype)
+        except Exception:         # that test meets the same error again, and reports it
+            following.prepared = None
 
     def _time_limit(self, backend):
         """The case's deadline: kept by the backend's process when isolated (it is killed
@@ -275,6 +305,12 @@ def pytest_collection_modifyitems(session, config, items):
             if not entry.message:
                 warnings.warn(f"expected failure {entry.match!r} ({entry.where}) matches no test",
                               pytest.PytestWarning)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Note the test that runs next (what CaseItem sends ahead); the protocol goes on."""
+    item.stash[_NEXT_ITEM] = nextitem
 
 
 @pytest.hookimpl(wrapper=True)

@@ -18,7 +18,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from . import wire
-from .calling import assert_unchanged, snapshot, unaccepted, unaccepted_text
+from .calling import assert_unchanged, call_arguments, snapshot, unaccepted, unaccepted_text
 from .interface import op_policy
 from .loading import BackendLoadError, load_backend
 from .ops import OPS
@@ -57,8 +57,7 @@ def serve_one(backend, request: dict):
     method = getattr(backend, op, None)
     if method is None:
         return {"unsupported": f"backend has no method {op!r}"}
-    positional = [arrays[name] for name in OPS[op].positional]
-    keywords = {n: a for n, a in arrays.items() if n not in OPS[op].positional}
+    positional, keywords = call_arguments(op, arrays)
     missing = unaccepted(method, [*keywords, *params])
     if missing:
         return {"unsupported": unaccepted_text(op, missing)}

@@ -120,6 +120,90 @@ def test_an_isolated_backend_answers_like_the_adapter():
         isolated.close()
 
 
+def _sent_ahead_backend(**options):
+    return IsolatedBackend(f"{FAULTY / 'sent_ahead.py'}:Counts", **options)
+
+
+def _q(first: float):
+    import numpy as np
+    q = np.zeros((1, 2, 4), np.float32)
+    q.flat[0] = first
+    return q
+
+
+def test_a_call_sent_ahead_answers_the_same_call_once():
+    backend = _sent_ahead_backend()
+    try:
+        q = _q(0.0)
+        assert backend.prefetch("sdpa", (q, q, q), {"scale": 0.5})
+        assert not backend.prefetch("sdpa", (q, q, q), {"scale": 0.5})     # one ahead at most
+        assert backend.sdpa(q, q, q, scale=0.5).flat[0] == 1          # computed once, taken
+        assert backend.sdpa(q, q, q, scale=0.5).flat[0] == 2          # nothing left over
+        other = q.copy()                # equal contents, another object: not the same call
+        assert backend.prefetch("sdpa", (q, q, q), {"scale": 0.5})
+        assert backend.sdpa(other, q, q, scale=0.5).flat[0] == 4      # the one ahead was 3
+        assert backend.prefetch("sdpa", (q, q, q), {"scale": 0.5})
+        assert backend.sdpa(q, q, q, scale=0.25).flat[0] == 6         # other params: 5 dropped
+    finally:
+        backend.close()
+
+
+def test_a_call_sent_ahead_that_hangs_or_crashes_is_blamed_on_no_other_call():
+    backend = _sent_ahead_backend()
+    try:
+        fine = _q(0.0)
+        for poison in (_q(42.0), _q(13.0)):           # hangs, then segfaults
+            first = backend._proc.pid
+            assert backend.prefetch("sdpa", (poison, fine, fine), {})
+            backend.deadline, started = time.monotonic() + 2.0, time.monotonic()
+            assert backend.sdpa(fine, fine, fine).flat[0] == 1        # a fresh process's first
+            assert backend._proc.pid != first
+            assert time.monotonic() - started < 30
+    finally:
+        backend.close()
+
+
+def test_a_crash_in_a_call_sent_ahead_is_the_asking_call_s():
+    from attention_conformance.outcomes import BackendCrashed
+
+    backend = _sent_ahead_backend()
+    try:
+        poison = _q(13.0)
+        assert backend.prefetch("sdpa", (poison, poison, poison), {})
+        with pytest.raises(BackendCrashed, match="SIGSEGV"):
+            backend.sdpa(poison, poison, poison)
+        assert not backend.prefetch("sdpa", (poison, poison, poison), {})   # no process to send to
+    finally:
+        backend.close()
+
+
+def test_a_restart_takes_over_a_process_started_ahead():
+    import numpy as np
+    backend = IsolatedBackend("numpy", restart_every=3)
+    try:
+        x = np.arange(6.0).reshape(2, 3)
+        backend.softmax(x)
+        standby = backend._standby[0].pid          # started ahead of the restart
+        for _ in range(3):
+            backend.softmax(x)
+        assert backend._proc.pid == standby
+    finally:
+        backend.close()
+    assert backend._proc is None and backend._standby is None and not backend._retired
+
+
+def test_tests_whose_calls_are_sent_ahead_keep_their_own_statuses(tmp_path, worked_examples_spec):
+    """The third sdpa call of each backend process segfaults, the first call of the second
+    test, sent ahead while the first test was reported: that test crashes, no other."""
+    done, report = certify(tmp_path, "sent_ahead.py:CrashesOnThirdSdpa", worked_examples_spec)
+    assert report is not None, (done.stdout + done.stderr)[-3000:]
+    statuses = {(r["variant"], r["dtype"]): r["status"] for r in report["results"]}
+    assert statuses == {                    # in the order they run, one process each two
+        ("Lq3-Lk4-D64", "float64"): "pass", ("Lq3-Lk4-D64", "float32"): "crash",
+        ("Lq3-Lk4-D8", "float64"): "pass", ("Lq3-Lk4-D8", "float32"): "crash",
+        ("", "float64"): "pass", ("", "float32"): "pass"}, statuses
+
+
 def test_in_process_mode_still_runs(tmp_path, worked_examples_spec):
     done, report = certify(tmp_path, "raises.py:Raises", worked_examples_spec, "--in-process")
     assert report is not None and done.returncode == 1
