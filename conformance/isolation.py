@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from multiprocessing.connection import Connection
 
@@ -152,15 +153,22 @@ class IsolatedBackend:
             self._proc.wait()
         self._proc = None
 
-    def close(self):
-        """Stop every process (each killed if it does not stop within two seconds)."""
+    def close(self, wait: bool = True):
+        """Stop every process (each killed if it does not stop within two seconds).
+        wait=False: return at once and leave that to a daemon thread (a framework's own
+        exit can take a second; should this process end first, each backend process
+        ends itself when it sees its runner gone)."""
         self._retire()
         if self._standby is not None:
             self._retired.append(self._standby[:2])
             self._standby = None
-        for proc, conn in self._retired:
-            _stop(proc, conn, wait=2)
-        self._retired = []
+        retired, self._retired = self._retired, []
+        if wait:
+            for proc, conn in retired:
+                _stop(proc, conn, wait=2)
+        elif retired:
+            threading.Thread(target=lambda: [_stop(p, c, wait=2) for p, c in retired],
+                             name="backend-reaper", daemon=True).start()
 
     def _retire(self):
         """Tell the current process to stop, and go on without waiting for it to end."""

@@ -404,4 +404,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def pytest_unconfigure(config):
     state = _state(config)
     if state is not None and isinstance(state.backend, IsolatedBackend):
-        state.backend.close()       # the backend's own process, if it has one
+        state.backend.close(wait=False)     # the backend's own process: not waited for

@@ -192,6 +192,21 @@ def test_a_restart_takes_over_a_process_started_ahead():
     assert backend._proc is None and backend._standby is None and not backend._retired
 
 
+def test_a_close_that_does_not_wait_still_ends_a_process_that_will_not_exit():
+    """The end of a run does not wait for the backend's process to exit; one that does
+    not (a thread that never ends) is killed two seconds later all the same."""
+    backend = IsolatedBackend(f"{FAULTY / 'stray_thread.py'}:StrayThread")
+    pid = backend._proc.pid
+    started = time.monotonic()
+    backend.close(wait=False)
+    assert time.monotonic() - started < 1.0
+    assert _alive(pid)                              # still in its stray thread
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), f"backend process {pid} was never ended"
+
+
 def test_tests_whose_calls_are_sent_ahead_keep_their_own_statuses(tmp_path, worked_examples_spec):
     """The third sdpa call of each backend process segfaults, the first call of the second
     test, sent ahead while the first test was reported: that test crashes, no other."""
