@@ -4,6 +4,7 @@
     python benchmarks/targets.py                      # every target this machine can run
     python benchmarks/targets.py --only suite,overhead
     python benchmarks/targets.py --tox-log tox.log --tox-kind warm   # read a tox -p log
+    python benchmarks/targets.py --tox-log tox.log --tox-time tox.time  # and its CPU time
     python benchmarks/targets.py --summary            # the one line, from the last figures
 
 Targets (issue 16):
@@ -243,7 +244,17 @@ class Targets:
 
 # --------------------------------------------------------------------------- tox logs
 
-def tox_figures(path: Path, kind: str) -> dict:
+def tox_cpu(path: Path) -> float | None:
+    """CPU seconds of the whole `tox -p` run, every process it waited for included, from
+    bash's `time` as .ci/run writes it (`tox cpu: real 545.10 user 901.20 sys 80.30`)."""
+    import re
+
+    m = re.search(r"user ([\d.]+) sys ([\d.]+)", path.read_text(errors="replace")) \
+        if path and path.exists() else None
+    return float(m[1]) + float(m[2]) if m else None
+
+
+def tox_figures(path: Path, kind: str, time_path: Path | None = None) -> dict:
     """Seconds of a `tox -p` run from its output: the total, and each environment's
     total with its setup (creating the env, installing) apart from its commands
     (tox 4 prints `  numpy: OK (28.30=setup[10.20]+cmd[18.10] seconds)`)."""
@@ -265,9 +276,12 @@ def tox_figures(path: Path, kind: str) -> dict:
     # no schedule of these environments on this many cores ends sooner (each env runs
     # on one core at a time, xdist envs aside): the floor the parallel run can reach
     floor = max([busy / cores] + [e["seconds"] for e in envs.values()]) if envs else None
+    cpu = tox_cpu(time_path)
     return {"wall": seconds, "ok": ok, "envs": envs, "target": target, "kind": kind,
             "setup_seconds": setup, "env_seconds": busy, "cores": cores,
-            "schedule_floor": floor,
+            "schedule_floor": floor, "cpu_seconds": cpu,
+            # the work itself: however scheduled, this many cores need cpu / cores
+            "cpu_floor": cpu / cores if cpu else None,
             "meets": bool(ok and seconds is not None and seconds <= target)}
 
 
@@ -322,9 +336,11 @@ def render(figures: dict) -> str:
     def tox(v):
         if v.get("wall") is None:
             return "no total in the log"
+        cpu = (f"; {v['cpu_seconds']:.0f} CPU s, so on {v['cores']} cores no schedule ends "
+               f"before {v['cpu_floor']:.0f} s") if v.get("cpu_seconds") else \
+            f"; on {v['cores']} cores no schedule ends before {v['schedule_floor']:.0f} s"
         return (f"{v['wall']:.0f} s ({len(v['envs'])} envs: {v['env_seconds']:.0f} s in all, "
-                f"setup {v['setup_seconds']:.0f} s of it; on {v['cores']} cores no schedule "
-                f"ends before {v['schedule_floor']:.0f} s)")
+                f"setup {v['setup_seconds']:.0f} s of it{cpu})")
 
     row("tox_cold", "1. full `tox -p`, cold", tox, "≤ 600 s")
     if "tox_fresh" in figures:
@@ -381,6 +397,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--spec", default=str(ROOT / "spec"))
     p.add_argument("--tox-log", type=Path, help="the output of a `tox -p` run to read")
+    p.add_argument("--tox-time", type=Path,
+                   help="bash's `time` of that run (.ci/run writes reports/tox.time): CPU seconds")
     p.add_argument("--tox-kind", choices=("cold", "fresh", "warm"), default="warm")
     p.add_argument("--summary", action="store_true",
                    help="print the summary line of the last figures and exit (CI)")
@@ -395,7 +413,7 @@ def main(argv=None) -> int:
         figures[key] = {"value": value, "when": now(), "load": load()}
 
     if args.tox_log:
-        tox = tox_figures(args.tox_log, args.tox_kind)
+        tox = tox_figures(args.tox_log, args.tox_kind, args.tox_time)
         keep(f"tox_{args.tox_kind}", tox)
         suite = tox["envs"].get("suite")
         if suite and suite["status"] == "OK":     # the suite env's own seconds, setup included

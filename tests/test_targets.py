@@ -37,6 +37,15 @@ def test_a_tox_log_gives_the_total_and_each_environment(tmp_path):
     assert not targets.tox_figures(tmp_path / "ok.log", "warm")["meets"]      # > 180 s
 
 
+def test_the_cpu_time_of_a_tox_run_bounds_its_wall_on_this_many_cores(tmp_path):
+    (tmp_path / "tox.log").write_text(TOX)
+    (tmp_path / "tox.time").write_text("tox cpu: real 545.10 user 901.20 sys 80.30\n")
+    found = targets.tox_figures(tmp_path / "tox.log", "cold", tmp_path / "tox.time")
+    assert abs(found["cpu_seconds"] - 981.5) < 1e-9
+    assert abs(found["cpu_floor"] - 981.5 / found["cores"]) < 1e-9
+    assert targets.tox_figures(tmp_path / "tox.log", "cold")["cpu_floor"] is None
+
+
 def test_the_summary_line_says_meets_misses_or_not_measured(tmp_path):
     (tmp_path / "tox.log").write_text(TOX.replace("evaluation failed :(", "congratulations :)"))
     done = subprocess.run(
