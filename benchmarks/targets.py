@@ -14,13 +14,16 @@ Targets (issue 16):
 2. suite: `pytest tests -n 2` (what `tox -e suite` runs), <= 180 s wall.
 3. overhead: the NumPy quick run, isolated (the default) and warm, against a bare pytest
    run of as many items (a generated file of that many parametrised no-op tests, the
-   same flags, the plugin off): <= 1.5x; the in-process figure beside it.
+   same flags, the plugin off): <= 1.5x; beside it the in-process figure, a run whose
+   cases do nothing (benchmarks/null_cases.py: the runner's machinery alone), and the
+   floor of a serial run (that + the seconds spent inside the cases).
 4. floor: for jax, tensorflow, torch and onnxruntime, the certification run's wall
    against the framework's floor for the same work: every backend call of that run
    recorded (benchmarks/recording.py) and replayed once, on the same inputs, in a fresh
    interpreter with nothing checked (framework import, adapter construction, compiling
-   or building a session, running): <= 1.2x. For JAX, the programs XLA compiled in the
-   run and in the replay, and their compile seconds.
+   or building a session, running): <= 1.2x. Beside it, a bare pytest run of as many
+   items: no run can cost less than the floor plus that. For JAX, the programs XLA
+   compiled in the run and in the replay, and their compile seconds.
 5. growth: what each case family costs (NumPy, per case and per item): the topic's run
    minus a run of the same spec folder that selects nothing (start-up, load, spec).
    Reported, no bound.
@@ -106,12 +109,12 @@ class Targets:
     def close(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def conformance(self, backend, extra=(), env=None, cases=None):
+    def conformance(self, backend, extra=(), env=None, cases=None, pytest=PYTEST):
         cases = cases or self.spec / "cases"
         env = dict(env or self.env, ATTENTION_CONFORMANCE_SPEC=str(Path(cases).parent))
         for key, value in BACKEND_ENV.get(backend, {}).items():
             env.setdefault(key, value)
-        wall, cpu, rc, out = run([*PYTEST, str(cases), "--backend", backend, "-q", *extra],
+        wall, cpu, rc, out = run([*pytest, str(cases), "--backend", backend, "-q", *extra],
                                  env=env)
         counts = parse_summary(out or "")
         if rc == 5 and "-k" in extra:        # a selection of nothing, asked for
@@ -140,7 +143,8 @@ class Targets:
 
     # -- 3. runner overhead ---------------------------------------------------------
     def overhead(self):
-        figures = {"isolated": [], "in_process": [], "bare": [], "items": None}
+        figures = {"isolated": [], "in_process": [], "bare": [], "machinery": [], "items": None}
+        null_cases = [PYTEST[0], str(HERE / "null_cases.py"), *PYTEST[3:]]
         self.conformance("numpy")                    # warms the spec cache
         for i in range(self.args.repeat):
             log(f"overhead: repeat {i + 1}/{self.args.repeat}")
@@ -150,16 +154,20 @@ class Targets:
             figures["isolated"].append(iso["wall"])
             figures["in_process"].append(inproc["wall"])
             figures["bare"].append(self.bare(iso["items"])["wall"])
-        iso, inproc, bare = (median(figures[k]) for k in ("isolated", "in_process", "bare"))
-        # the floor of a serial run: pytest's own per-item cost (bare) plus the work inside
-        # the cases in-process (the backend's arithmetic, rounding inputs, the golden
-        # comparison, the properties' calls): the report's per-test seconds
+            figures["machinery"].append(self.conformance("numpy", pytest=null_cases)["wall"])
+        iso, inproc, bare, machinery = (median(figures[k]) for k in
+                                        ("isolated", "in_process", "bare", "machinery"))
+        # the floor of a serial run: the runner's machinery with cases that do nothing
+        # (pytest, the plugin, the spec, the report) plus the work inside the cases
+        # in-process (the backend's arithmetic, rounding inputs, the golden comparison,
+        # the properties' calls): the report's per-test seconds
         reports = self.tmp / "overhead-report"
         self.conformance("numpy", extra=["--in-process", "--report", str(reports)])
         from bench import case_seconds, read_report
 
         in_cases = case_seconds(read_report(reports, "numpy")) or 0.0
-        figures.update(in_case_seconds=in_cases, floor_ratio=(bare + in_cases) / bare)
+        figures.update(in_case_seconds=in_cases, machinery_ratio=machinery / bare,
+                       floor_ratio=(machinery + in_cases) / bare)
         figures.update(ratio=iso / bare, in_process_ratio=inproc / bare,
                        target=TARGETS["overhead"], meets=iso / bare <= TARGETS["overhead"])
         return figures
@@ -191,7 +199,10 @@ class Targets:
             raise RuntimeError(f"{backend}: the replay failed:\n{tail(out)}")
         replay = json.loads(out.strip().splitlines()[-1])
         floor = replay["load_seconds"] + replay["calls_seconds"]
-        figures = {"suite_wall": suite["wall"], "items": suite["items"],
+        # pytest alone on as many items: a run cannot cost less than floor + that
+        pytest_alone = self.bare(suite["items"])["wall"]
+        figures = {"suite_wall": suite["wall"], "items": suite["items"], "bare": pytest_alone,
+                   "ratio_with_pytest": suite["wall"] / (floor + pytest_alone),
                    "recorded_items": recorded["items"], "replay": replay, "floor": floor,
                    "ratio": suite["wall"] / floor, "target": TARGETS["floor"],
                    "topics": self.args.floor_topics or "all",
@@ -316,6 +327,12 @@ def summary_line(figures: dict) -> str:
     return f"speed targets: {met} of {judged} measured meet: " + "; ".join(parts)
 
 
+def _machinery(v) -> str:
+    if "machinery_ratio" not in v:              # figures from before it was measured
+        return "not measured"
+    return f"x{v['machinery_ratio']:.2f} ({median(v['machinery']):.1f} s)"
+
+
 def render(figures: dict) -> str:
     def head(key):
         f = figures.get(key)
@@ -353,7 +370,8 @@ def render(figures: dict) -> str:
     row("overhead", "3. NumPy runner overhead, isolated, warm",
         lambda v: (f"x{v['ratio']:.2f} ({median(v['isolated']):.1f} s / bare "
                    f"{median(v['bare']):.1f} s, {v['items']} items); in-process "
-                   f"x{v['in_process_ratio']:.2f}; floor x{v['floor_ratio']:.2f} (bare + "
+                   f"x{v['in_process_ratio']:.2f}; cases that do nothing "
+                   f"{_machinery(v)}; floor x{v['floor_ratio']:.2f} (that + "
                    f"{v['in_case_seconds']:.1f} s inside the cases, in-process)"), "≤ x1.5")
     for backend in FLOOR_BACKENDS:
         row(f"floor_{backend}", f"4. {backend} against its floor",
@@ -361,6 +379,8 @@ def render(figures: dict) -> str:
                        f"{v['floor']:.1f} s: load {v['replay']['load_seconds']:.1f} s + "
                        f"{v['replay']['calls']} calls {v['replay']['calls_seconds']:.1f} s; "
                        f"topics: {v['topics'] if isinstance(v['topics'], str) else ', '.join(v['topics'])})"
+                       + (f"; pytest alone on {v['items']} items {v['bare']:.1f} s: run / (floor + "
+                          f"that) x{v['ratio_with_pytest']:.2f}" if "bare" in v else "")
                        + (f"; programs compiled: run {v['suite_programs']} "
                           f"({v['suite_compile_seconds']:.1f} s), floor {v['replay']['programs']} "
                           f"({v['replay']['compile_seconds']:.1f} s)" if "suite_programs" in v else ""))

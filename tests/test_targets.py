@@ -78,3 +78,15 @@ def test_a_recorded_run_replays_every_call(tmp_path):
     assert replay.returncode == 0, replay.stderr
     figures = json.loads(replay.stdout.strip().splitlines()[-1])
     assert figures["calls"] == len(recorded) and figures["raised"] == 0
+
+
+def test_a_run_whose_cases_do_nothing_calls_no_backend(tmp_path, worked_examples_spec):
+    """benchmarks/null_cases.py: every test passes with a backend whose every call raises,
+    so the figure it gives is the runner's machinery alone."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "null_cases.py"), str(worked_examples_spec),
+         "--spec-dir", str(worked_examples_spec), "-p", "no:cacheprovider", "-q",
+         "--backend", str(ROOT / "tests" / "faulty" / "raises.py:Raises")],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-500:]
