@@ -146,11 +146,7 @@ class IsolatedBackend:
 
     def _kill(self):
         if self._proc is not None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self._proc.wait()
+            _kill_group(self._proc)
         self._proc = None
 
     def close(self, wait: bool = True):
@@ -187,9 +183,9 @@ class IsolatedBackend:
     # --- calls -------------------------------------------------------------------------
     def call(self, op: str, args, kwargs):
         pending, self._pending = self._pending, None
-        if pending is not None and pending == (op, args, kwargs):
-            return _result(op, self._receive(self.deadline, f"computing {op}"))
         if pending is not None:
+            if pending.matches(op, args, kwargs):
+                return _result(op, self._receive(self.deadline, f"computing {op}"))
             self._discard()
         if self._proc is None or self._restart_due():
             started = time.monotonic()
@@ -236,9 +232,8 @@ class IsolatedBackend:
         process that hangs or dies on it is replaced, blamed on no test (the test it was
         for did not run it). Its time is not the next call's."""
         started = time.monotonic()
-        limit = None if self.deadline is None else started + max(0.0, self.deadline - started)
         try:
-            self._receive(limit, "computing a call sent ahead")
+            self._receive(self.deadline, "computing a call sent ahead")
         except (CaseTimeout, BackendCrashed):
             self._kill()
         if self.deadline is not None:
@@ -246,14 +241,13 @@ class IsolatedBackend:
 
 
 class _Pending:
-    """A call sent ahead: equal to a later call with the same op, the same array objects
+    """A call sent ahead: it answers a later call with the same op, the same array objects
     (identity: comparing contents would cost what the call saves) and equal params."""
 
     def __init__(self, op, args, kwargs):
         self.op, self.args, self.kwargs = op, tuple(args), dict(kwargs)
 
-    def __eq__(self, other):
-        op, args, kwargs = other
+    def matches(self, op, args, kwargs) -> bool:
         return (op == self.op and len(args) == len(self.args)
                 and all(a is b for a, b in zip(args, self.args))
                 and kwargs.keys() == self.kwargs.keys()
@@ -283,13 +277,18 @@ def _stop(proc, conn, wait: float) -> bool:
     if proc.poll() is None:
         if not wait:
             return False
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
+        _kill_group(proc)
     conn.close()
     return True
+
+
+def _kill_group(proc):
+    """SIGKILL the process and everything it started (its own session), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def _signal_name(number: int) -> str:

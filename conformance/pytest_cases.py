@@ -40,20 +40,21 @@ class State:
         self.config = config
         reference = config.getoption("backend")
         device = config.getoption("device")
-        if config.getoption("in_process"):
-            self.backend = load_backend(reference, device)
-        else:       # its process imports the framework while this one loads the spec
+        isolated = not config.getoption("in_process")
+        if isolated:    # its process imports the framework while this one loads the spec
             self.backend = IsolatedBackend(reference, device=device, wait=False,
                                            restart_every=config.getoption("restart_every"))
+        else:
+            self.backend = load_backend(reference, device)
         try:
             self.folder = SpecFolder.from_option(config.getoption("spec_dir"))
             self.cases_dir = self.folder.cases_dir
             self.spec = load_spec(self.folder, cache=True)
             self.golden = GoldenStore.of(self.folder)
-            if isinstance(self.backend, IsolatedBackend):
+            if isolated:
                 self.backend.wait_loaded()
         except BaseException:
-            if isinstance(self.backend, IsolatedBackend):
+            if isolated:
                 self.backend.close()
             raise
         self.info = describe(self.backend)

@@ -120,8 +120,12 @@ def test_an_isolated_backend_answers_like_the_adapter():
         isolated.close()
 
 
-def _sent_ahead_backend(**options):
-    return IsolatedBackend(f"{FAULTY / 'sent_ahead.py'}:Counts", **options)
+@pytest.fixture
+def counting():
+    """An isolated backend whose sdpa answers with how many sdpa calls it has computed."""
+    backend = IsolatedBackend(f"{FAULTY / 'sent_ahead.py'}:Counts")
+    yield backend
+    backend.close()
 
 
 def _q(first: float):
@@ -131,50 +135,38 @@ def _q(first: float):
     return q
 
 
-def test_a_call_sent_ahead_answers_the_same_call_once():
-    backend = _sent_ahead_backend()
-    try:
-        q = _q(0.0)
-        assert backend.prefetch("sdpa", (q, q, q), {"scale": 0.5})
-        assert not backend.prefetch("sdpa", (q, q, q), {"scale": 0.5})     # one ahead at most
-        assert backend.sdpa(q, q, q, scale=0.5).flat[0] == 1          # computed once, taken
-        assert backend.sdpa(q, q, q, scale=0.5).flat[0] == 2          # nothing left over
-        other = q.copy()                # equal contents, another object: not the same call
-        assert backend.prefetch("sdpa", (q, q, q), {"scale": 0.5})
-        assert backend.sdpa(other, q, q, scale=0.5).flat[0] == 4      # the one ahead was 3
-        assert backend.prefetch("sdpa", (q, q, q), {"scale": 0.5})
-        assert backend.sdpa(q, q, q, scale=0.25).flat[0] == 6         # other params: 5 dropped
-    finally:
-        backend.close()
+def test_a_call_sent_ahead_answers_the_same_call_once(counting):
+    q = _q(0.0)
+    assert counting.prefetch("sdpa", (q, q, q), {"scale": 0.5})
+    assert not counting.prefetch("sdpa", (q, q, q), {"scale": 0.5})     # one ahead at most
+    assert counting.sdpa(q, q, q, scale=0.5).flat[0] == 1          # computed once, taken
+    assert counting.sdpa(q, q, q, scale=0.5).flat[0] == 2          # nothing left over
+    other = q.copy()                # equal contents, another object: not the same call
+    assert counting.prefetch("sdpa", (q, q, q), {"scale": 0.5})
+    assert counting.sdpa(other, q, q, scale=0.5).flat[0] == 4      # the one ahead was 3
+    assert counting.prefetch("sdpa", (q, q, q), {"scale": 0.5})
+    assert counting.sdpa(q, q, q, scale=0.25).flat[0] == 6         # other params: 5 dropped
 
 
-def test_a_call_sent_ahead_that_hangs_or_crashes_is_blamed_on_no_other_call():
-    backend = _sent_ahead_backend()
-    try:
-        fine = _q(0.0)
-        for poison in (_q(42.0), _q(13.0)):           # hangs, then segfaults
-            first = backend._proc.pid
-            assert backend.prefetch("sdpa", (poison, fine, fine), {})
-            backend.deadline, started = time.monotonic() + 2.0, time.monotonic()
-            assert backend.sdpa(fine, fine, fine).flat[0] == 1        # a fresh process's first
-            assert backend._proc.pid != first
-            assert time.monotonic() - started < 30
-    finally:
-        backend.close()
+def test_a_call_sent_ahead_that_hangs_or_crashes_is_blamed_on_no_other_call(counting):
+    fine = _q(0.0)
+    for poison in (_q(42.0), _q(13.0)):           # hangs, then segfaults
+        first = counting._proc.pid
+        assert counting.prefetch("sdpa", (poison, fine, fine), {})
+        counting.deadline, started = time.monotonic() + 2.0, time.monotonic()
+        assert counting.sdpa(fine, fine, fine).flat[0] == 1        # a fresh process's first
+        assert counting._proc.pid != first
+        assert time.monotonic() - started < 30
 
 
-def test_a_crash_in_a_call_sent_ahead_is_the_asking_call_s():
+def test_a_crash_in_a_call_sent_ahead_belongs_to_the_call_that_asks(counting):
     from attention_conformance.outcomes import BackendCrashed
 
-    backend = _sent_ahead_backend()
-    try:
-        poison = _q(13.0)
-        assert backend.prefetch("sdpa", (poison, poison, poison), {})
-        with pytest.raises(BackendCrashed, match="SIGSEGV"):
-            backend.sdpa(poison, poison, poison)
-        assert not backend.prefetch("sdpa", (poison, poison, poison), {})   # no process to send to
-    finally:
-        backend.close()
+    poison = _q(13.0)
+    assert counting.prefetch("sdpa", (poison, poison, poison), {})
+    with pytest.raises(BackendCrashed, match="SIGSEGV"):
+        counting.sdpa(poison, poison, poison)
+    assert not counting.prefetch("sdpa", (poison, poison, poison), {})   # no process to send to
 
 
 def test_a_restart_takes_over_a_process_started_ahead():
