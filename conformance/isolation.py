@@ -240,6 +240,23 @@ class IsolatedBackend:
             self.deadline += time.monotonic() - started
 
 
+_EARLY = "_attention_conformance_early_backend"
+
+
+def start_early(config, reference: str, **options):
+    """Start an isolated backend's process before pytest has configured the run (it does
+    not wait for the load); State takes it with take_early(). Stopped at the config's
+    cleanup if nothing took it (a usage error, --help)."""
+    backend = IsolatedBackend(reference, wait=False, **options)
+    setattr(config, _EARLY, backend)
+    config.add_cleanup(lambda: take_early(config) and backend.close(wait=False))
+
+
+def take_early(config) -> "IsolatedBackend | None":
+    """The backend start_early() started for this config, once; None if none was."""
+    return config.__dict__.pop(_EARLY, None)
+
+
 class _Pending:
     """A call sent ahead: it answers a later call with the same op, the same array objects
     (identity: comparing contents would cost what the call saves) and equal params."""

@@ -42,9 +42,16 @@ def pytest_addoption(parser):
 
 def pytest_load_initial_conftests(early_config, parser, args):
     """A certification imports no conftest.py: a spec folder is data, and a conftest.py
-    planted in it (or above it) must not run."""
-    if getattr(early_config.known_args_namespace, "backend", None):
-        early_config.known_args_namespace.noconftest = True
+    planted in it (or above it) must not run. An isolated run starts the backend's
+    process here, the earliest hook that knows the options, so that the framework's
+    import (seconds) overlaps the rest of pytest's start-up and the spec's loading."""
+    known = early_config.known_args_namespace
+    if getattr(known, "backend", None):
+        known.noconftest = True
+        if not known.in_process:
+            from .isolation import start_early
+            start_early(early_config, known.backend, device=known.device,
+                        restart_every=known.restart_every)
 
 
 def pytest_configure(config):

@@ -21,7 +21,7 @@ from .expected import expected_for
 from .golden_compute import rounded_inputs
 from .golden_store import GoldenStore
 from .interface import describe
-from .isolation import IsolatedBackend
+from .isolation import IsolatedBackend, take_early
 from .loading import BackendLoadError, load_backend
 from .outcomes import BackendCrashed, BackendRaised, CheckFailure, SuiteError, Unsupported
 from .report import summary_lines, write_backend_report
@@ -42,8 +42,9 @@ class State:
         device = config.getoption("device")
         isolated = not config.getoption("in_process")
         if isolated:    # its process imports the framework while this one loads the spec
-            self.backend = IsolatedBackend(reference, device=device, wait=False,
-                                           restart_every=config.getoption("restart_every"))
+            self.backend = take_early(config) or IsolatedBackend(
+                reference, device=device, wait=False,
+                restart_every=config.getoption("restart_every"))
         else:
             self.backend = load_backend(reference, device)
         try:

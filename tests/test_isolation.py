@@ -10,6 +10,7 @@ still run and pass.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from attention_conformance.isolation import IsolatedBackend
+from attention_conformance import plugin
+from attention_conformance.isolation import IsolatedBackend, take_early
 from attention_conformance.loading import BackendLoadError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,6 +199,53 @@ def test_a_close_that_does_not_wait_still_ends_a_process_that_will_not_exit():
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid), f"backend process {pid} was never ended"
+
+
+class _EarlyConfig:
+    """What pytest_load_initial_conftests sees of a run: its options, parsed early."""
+
+    def __init__(self, **options):
+        self.known_args_namespace = argparse.Namespace(**options)
+        self.cleanups = []
+
+    def add_cleanup(self, func):
+        self.cleanups.append(func)
+
+
+def _early(in_process=False):
+    config = _EarlyConfig(backend="numpy", in_process=in_process, device=None, restart_every=0)
+    plugin.pytest_load_initial_conftests(early_config=config, parser=None, args=[])
+    return config
+
+
+def test_an_isolated_run_starts_the_backend_process_before_pytest_configures():
+    """The framework's import overlaps pytest's start-up: the process is running when
+    the options are first known, and the run takes it, once."""
+    config = _early()
+    backend = take_early(config)
+    try:
+        assert backend is not None and backend._proc.poll() is None
+        assert take_early(config) is None
+        backend.wait_loaded()
+        assert backend.name == "numpy"
+    finally:
+        backend.close()
+    assert config.known_args_namespace.noconftest is True
+
+
+def test_a_process_started_early_that_no_run_takes_is_stopped_at_cleanup():
+    config = _early()
+    pid = config.__dict__["_attention_conformance_early_backend"]._proc.pid
+    for cleanup in config.cleanups:
+        cleanup()
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), f"backend process {pid} was never ended"
+
+
+def test_an_in_process_run_starts_no_process_early():
+    assert take_early(_early(in_process=True)) is None
 
 
 def test_tests_whose_calls_are_sent_ahead_keep_their_own_statuses(tmp_path, worked_examples_spec):

@@ -73,3 +73,18 @@ def test_every_module_lives_under_one_import_root():
     importlib.import_module("attention_conformance.backends.numpy")
     for generic in ("conformance", "backends", "spec"):
         assert generic not in sys.modules, generic
+
+
+def test_tox_caches_compiled_modules_outside_the_checkout():
+    """README, "compiled modules": tox's environments compile the editable package once,
+    into .tox, rather than in every process (PYTHONDONTWRITEBYTECODE) or into the tree."""
+    import configparser
+    from pathlib import Path
+
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(Path(__file__).resolve().parent.parent / "tox.ini")
+    settings = dict(line.split("=", 1) for line in tox["testenv"]["set_env"].splitlines()
+                    if "=" in line and not line.strip().startswith("#"))
+    settings = {k.strip(): v.strip() for k, v in settings.items()}
+    assert settings.get("PYTHONPYCACHEPREFIX") == "{work_dir}{/}pycache", settings
+    assert "PYTHONDONTWRITEBYTECODE" not in settings
