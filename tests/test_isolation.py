@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from attention_conformance import plugin
-from attention_conformance.isolation import IsolatedBackend, take_early
-from attention_conformance.loading import BackendLoadError
+from attention_conformance.isolation import _EARLY, IsolatedBackend, take_early
+from attention_conformance.loading import BackendLoadError, load_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTY = ROOT / "tests" / "faulty"
@@ -212,8 +212,12 @@ class _EarlyConfig:
         self.cleanups.append(func)
 
 
+EARLY_REFERENCE = "numpy"
+
+
 def _early(in_process=False):
-    config = _EarlyConfig(backend="numpy", in_process=in_process, device=None, restart_every=0)
+    config = _EarlyConfig(backend=EARLY_REFERENCE, in_process=in_process, device=None,
+                          restart_every=0)
     plugin.pytest_load_initial_conftests(early_config=config, parser=None, args=[])
     return config
 
@@ -226,8 +230,9 @@ def test_an_isolated_run_starts_the_backend_process_before_pytest_configures():
     try:
         assert backend is not None and backend._proc.poll() is None
         assert take_early(config) is None
-        backend.wait_loaded()
-        assert backend.name == "numpy"
+        backend.wait_loaded()                      # it declares what the adapter declares
+        declared = load_backend(EARLY_REFERENCE)
+        assert (backend.name, backend.dtypes) == (declared.name, frozenset(declared.dtypes))
     finally:
         backend.close()
     assert config.known_args_namespace.noconftest is True
@@ -235,7 +240,7 @@ def test_an_isolated_run_starts_the_backend_process_before_pytest_configures():
 
 def test_a_process_started_early_that_no_run_takes_is_stopped_at_cleanup():
     config = _early()
-    pid = config.__dict__["_attention_conformance_early_backend"]._proc.pid
+    pid = getattr(config, _EARLY)._proc.pid
     for cleanup in config.cleanups:
         cleanup()
     deadline = time.monotonic() + 30
