@@ -53,7 +53,6 @@ import ml_dtypes
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from . import _lengths
 
@@ -171,6 +170,10 @@ def _attend(q, k, v, *, mask=None, bias=None, causal=None, scale=None,
 
 
 def _lower_right(lq: int, lk: int):
+    # imported at the first use: torch.nn.attention.bias imports torch._dynamo (about as
+    # long as torch itself), which a run without bottom-right causal never needs
+    from torch.nn.attention.bias import causal_lower_right
+
     with warnings.catch_warnings():
         # torch warns that Lq > Lk "will produce NaNs"; its SDPA gives zero rows instead.
         warnings.filterwarnings("ignore", message="Lower right causal bias")

@@ -104,6 +104,19 @@ def run(args, *, env=None, cwd=ROOT, timeout=3600):
     return time.perf_counter() - start, cpu() - before, done.returncode, done.stdout
 
 
+def stolen_seconds(stat_text: str | None = None) -> float | None:
+    """CPU seconds the hypervisor has taken from this virtual machine since boot, over all
+    its CPUs (the steal column of /proc/stat); None where there is no such column. On a
+    shared 2-vCPU machine it can be a third of a run's wall: a figure measured then
+    overstates what the suite costs."""
+    try:
+        text = stat_text if stat_text is not None else Path("/proc/stat").read_text()
+        fields = next(line for line in text.splitlines() if line.startswith("cpu ")).split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+
+
 def median(values):
     values = sorted(v for v in values if v is not None)
     return values[len(values) // 2] if values else None
@@ -307,6 +320,16 @@ def tox_cpu(path: Path) -> float | None:
     return float(m[1]) + float(m[2]) if m else None
 
 
+def tox_stolen(path: Path) -> float | None:
+    """CPU seconds the hypervisor stole over the `tox -p` run (`machine stolen 61.0 s`,
+    which .ci/run writes from /proc/stat's steal column), or None."""
+    import re
+
+    text = path.read_text(errors="replace") if path and path.exists() else ""
+    m = re.search(r"machine stolen ([\d.]+)", text)
+    return float(m[1]) if m else None
+
+
 def tox_figures(path: Path, kind: str, time_path: Path | None = None) -> dict:
     """Seconds of a `tox -p` run from its output: the total, and each environment's
     total with its setup (creating the env, installing) apart from its commands
@@ -333,7 +356,7 @@ def tox_figures(path: Path, kind: str, time_path: Path | None = None) -> dict:
     cpu_floor = cpu / cores if cpu else None
     return {"wall": seconds, "ok": ok, "envs": envs, "target": target, "kind": kind,
             "setup_seconds": setup, "env_seconds": busy, "cores": cores,
-            "schedule_floor": floor, "cpu_seconds": cpu,
+            "schedule_floor": floor, "cpu_seconds": cpu, "stolen_seconds": tox_stolen(time_path),
             # the work itself: however scheduled, this many cores need cpu / cores
             "cpu_floor": cpu_floor,
             "meets": bool(ok and seconds is not None and seconds <= target),
@@ -389,13 +412,18 @@ def _machinery(v) -> str:
 def render(figures: dict) -> str:
     def head(key):
         f = figures.get(key)
-        return (f"measured {f['when']}, load average {f['load']}" if f else "not measured yet")
+        if not f:
+            return "not measured yet"
+        stolen = (f"; {f['stolen']:g} CPU s stolen by the hypervisor while measured"
+                  if f.get("stolen") is not None else "")
+        return f"measured {f['when']}, load average {f['load']}{stolen}"
 
     out = ["# Speed targets (issue 16)", "",
            ("Written by `python benchmarks/targets.py` (see docs/benchmarks.md, \"The speed "
             "targets, in one command\"); each figure keeps the date and load average it was "
-            "measured at. Figures taken on a loaded machine overstate every wall time: rerun "
-            "on a quiet one."), "",
+            "measured at, and the CPU seconds the hypervisor stole from this virtual machine "
+            "meanwhile (/proc/stat). Figures taken on a loaded or a stolen-from machine "
+            "overstate every wall time: rerun on a quiet one."), "",
            "| target | figure | bound | verdict | measured |", "|---|---|---|---|---|"]
 
     def row(key, label, figure, bound):
@@ -410,6 +438,8 @@ def render(figures: dict) -> str:
                f"before {v['cpu_floor']:.0f} s: cores busy "
                f"{100 * v['cpu_floor'] / v['wall']:.0f} % of the run") if v.get("cpu_seconds") else \
             f"; on {v['cores']} cores no schedule ends before {v['schedule_floor']:.0f} s"
+        if v.get("stolen_seconds"):
+            cpu += f"; {v['stolen_seconds']:.0f} CPU s stolen by the hypervisor"
         return (f"{v['wall']:.0f} s ({len(v['envs'])} envs: {v['env_seconds']:.0f} s in all, "
                 f"setup {v['setup_seconds']:.0f} s of it{cpu})")
 
@@ -447,7 +477,8 @@ def render(figures: dict) -> str:
     out += ["", "## 5. Growth: the cost of each case family (isolated)", ""]
     growth = figures.get("growth")
     if growth and growth["value"]:
-        out += [(f"Measured {growth['when']}, load average {growth['load']}. Cost = the "
+        stolen = f", {growth['stolen']:g} CPU s stolen" if growth.get("stolen") is not None else ""
+        out += [(f"Measured {growth['when']}, load average {growth['load']}{stolen}. Cost = the "
                  "topic's run minus a run of the same folder that selects nothing (start-up, "
                  "backend load, spec load)."), "",
                 "| backend | topic | quick cases | items | run s | selects-nothing s | ms a case "
@@ -490,8 +521,11 @@ def main(argv=None) -> int:
     args.growth_backends = [b for b in args.growth_backends.split(",") if b]
     figures = json.loads(args.figures.read_text()) if args.figures.exists() else {}
 
-    def keep(key, value):
+    def keep(key, value, stolen_before=None):
         figures[key] = {"value": value, "when": now(), "load": load()}
+        stolen = stolen_seconds()
+        if stolen_before is not None and stolen is not None:
+            figures[key]["stolen"] = round(stolen - stolen_before, 1)
 
     if args.tox_log:
         tox = tox_figures(args.tox_log, args.tox_kind, args.tox_time)
@@ -506,17 +540,17 @@ def main(argv=None) -> int:
     only = set(args.only.split(",")) if args.only else set()
     try:
         if "suite" in only:
-            keep("suite", targets.suite())
+            keep("suite", targets.suite(), stolen_seconds())
         if "overhead" in only:
-            keep("overhead", targets.overhead())
+            keep("overhead", targets.overhead(), stolen_seconds())
         if "floor" in only:
             for backend in args.floor_backends.split(","):
                 try:
-                    keep(f"floor_{backend}", targets.floor(backend))
+                    keep(f"floor_{backend}", targets.floor(backend), stolen_seconds())
                 except RuntimeError as exc:
                     log(str(exc))
         if "growth" in only:
-            keep("growth", targets.growth())
+            keep("growth", targets.growth(), stolen_seconds())
     finally:
         targets.close()
         args.figures.write_text(json.dumps(figures, indent=1) + "\n")

@@ -36,7 +36,7 @@ class CaseNotFound(LookupError):
 
 @functools.lru_cache(maxsize=8)
 def _spec(folder: SpecFolder):
-    spec = load_spec(folder)
+    spec = load_spec(folder, cache=True)
     return spec, spec.by_id()
 
 

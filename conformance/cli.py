@@ -124,7 +124,7 @@ def _selected(case, args) -> bool:
 
 
 def _list(args) -> int:
-    spec = load_spec(_folder(args))
+    spec = load_spec(_folder(args), cache=True)
     cases = [c for c in spec.cases if _selected(c, args)]
     if args.ids:
         for case in cases:
@@ -209,7 +209,7 @@ def _export(args) -> int:
     except ExportError as exc:
         _err(f"export: {exc}")
         return 2
-    spec = load_spec(_folder(args))
+    spec = load_spec(_folder(args), cache=True)
     for error in spec.errors:
         _err(f"skipped (invalid): {error}")
     cases = [c for c in spec.cases if _selected(c, args)

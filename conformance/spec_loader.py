@@ -157,8 +157,8 @@ def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
 
     folder: a SpecFolder, or the path of a spec folder or of its cases folder
     (default: the default spec folder). cache: take files that validated cleanly
-    before, unchanged, from spec_cache (the pytest plugin does; `attention-conformance
-    validate` and the tests do not).
+    before, unchanged, from spec_cache (the pytest plugin, `list`, `export` and the
+    API do; `validate`, `golden` and the tests of loading do not).
     """
     if not isinstance(folder, SpecFolder):
         folder = default_folder() if folder is None else SpecFolder.at(folder)

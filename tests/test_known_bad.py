@@ -29,12 +29,13 @@ from _harness import (bug_files, catch, first_catch, item_id, load_bug, outcome,
                       quick_items)
 from _needs import NEEDS  # noqa: E402
 from _plant import Planted  # noqa: E402
+from _real_spec import real_spec  # noqa: E402
 from _session_shared import once  # noqa: E402
 from _tiled import TiledPlanted, good as tiled_good  # noqa: E402
 
 @pytest.fixture(scope="module")
 def spec():
-    return load_spec()
+    return real_spec()
 
 
 @pytest.fixture(scope="module")

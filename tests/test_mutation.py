@@ -62,7 +62,7 @@ def test_representative_mutant_is_pinned(name):
 
 def test_a_mutant_that_no_test_pins_fails_the_script():
     """The script can fail: check_exact against tests that never call it survives."""
-    done = script("--only=check_exact", "--tests", "tests/test_spec_cache_hits.py")
+    done = script("--only=check_exact", "--tests", "tests/test_op_policy.py")
     assert rows(done.stdout) == {"check_exact": "**no**"}, done.stdout + done.stderr
     assert done.returncode == 1, done.stdout + done.stderr
     assert "check_exact: exit 0, applied" in done.stderr

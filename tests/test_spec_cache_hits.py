@@ -2,7 +2,8 @@
 parsing or validating anything, and what it reads equals a fresh validation field by field.
 
 (tests/test_spec_cache.py proves that the cache never serves a stale or a bad file; these
-tests prove that it serves at all: with spec_cache.read returning None, they fail.)
+tests prove that it serves at all: with spec_cache.read returning None, they fail; and
+that the commands the README says read it do, and `validate` does not.)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import shutil
 
 import pytest
 
-from attention_conformance import spec_cache, spec_loader
+from attention_conformance import api, cli, golden_store, spec_cache, spec_loader
 from attention_conformance.case import Case
 from attention_conformance.spec_folder import default_folder
 from attention_conformance.spec_loader import load_spec
@@ -120,3 +121,45 @@ def test_validate_never_reads_the_cache(cache, counted, spec_cases):
     counted["read"] = 0
     load_spec(spec_cases)                 # what `attention-conformance validate` does
     assert counted["read"] == 0 and counted["static_errors"] > 0
+
+
+
+@pytest.fixture
+def worked_examples(tmp_path):
+    """The worked examples alone, with their golden data (export reads them)."""
+    folder = tmp_path / "small"
+    for part in ("cases", "golden"):
+        (folder / part).mkdir(parents=True)
+    shutil.copy(SPEC_CASES / "worked_examples.yaml", folder / "cases")
+    shutil.copy(SPEC_CASES.parent / "golden" / "worked_examples.npz", folder / "golden")
+    golden_store.write_manifest(folder / "golden")
+    return folder / "cases"
+
+
+def _filled(cases, counted):
+    load_spec(cases, cache=True)
+    for key in counted:
+        counted[key] = 0
+
+
+@pytest.mark.parametrize("command, reads_the_cache", [
+    (["list"], True), (["export", "{out}"], True), (["validate"], False),
+    (["golden", "check"], False),
+], ids=["list", "export", "validate", "golden"])
+def test_list_and_export_read_the_cache_and_validate_and_golden_do_not(
+        cache, counted, worked_examples, tmp_path, capsys, command, reads_the_cache):
+    _filled(worked_examples, counted)
+    argv = [a.format(out=tmp_path / "export") for a in command]
+    assert cli.main(["--spec-dir", str(worked_examples), *argv]) == 0
+    capsys.readouterr()
+    if reads_the_cache:
+        assert counted["hits"] == 1 and counted["static_errors"] == 0, counted
+    else:
+        assert counted["read"] == 0 and counted["static_errors"] > 0, counted
+
+
+def test_the_api_reads_the_cache(cache, counted, worked_examples):
+    _filled(worked_examples, counted)
+    case = api.load_case("unnormalised-scores-softmax", spec_dir=worked_examples)
+    assert case.op == "softmax"
+    assert counted["hits"] == 1 and counted["static_errors"] == 0, counted

@@ -4,11 +4,9 @@ import re
 
 import pytest
 
-from attention_conformance import golden_freeze
-
-from attention_conformance import golden_store
+from _real_spec import real_spec
+from attention_conformance import golden_freeze, golden_store
 from attention_conformance.spec_folder import default_folder
-from attention_conformance.spec_loader import load_spec
 
 CASES_DIR = default_folder().cases_dir
 GOLDEN_DIR = default_folder().golden_dir
@@ -16,7 +14,7 @@ GOLDEN_DIR = default_folder().golden_dir
 
 @pytest.fixture(scope="module")
 def spec():
-    return load_spec(CASES_DIR)
+    return real_spec()
 
 
 def test_every_spec_file_is_valid(spec):

@@ -49,6 +49,15 @@ def test_the_cpu_time_of_a_tox_run_bounds_its_wall_on_this_many_cores(tmp_path):
         f.write("machine busy 1400.5 s\n")
     assert targets.tox_figures(tmp_path / "tox.log", "cold", tmp_path / "tox.time")[
         "cpu_seconds"] == 1400.5
+    # and the seconds the hypervisor stole meanwhile, shown beside the figure
+    assert targets.tox_figures(tmp_path / "tox.log", "cold", tmp_path / "tox.time")[
+        "stolen_seconds"] is None
+    with open(tmp_path / "tox.time", "a") as f:
+        f.write("machine stolen 61.0 s\n")
+    found = targets.tox_figures(tmp_path / "tox.log", "cold", tmp_path / "tox.time")
+    assert found["stolen_seconds"] == 61.0
+    page = targets.render({"tox_cold": {"value": found, "when": "", "load": []}})
+    assert "61 CPU s stolen by the hypervisor" in page
 
 
 def test_a_tox_run_that_kept_every_core_busy_is_at_its_floor(tmp_path):
@@ -90,6 +99,19 @@ def test_a_figure_within_its_bound_of_its_floor_says_so(tmp_path):
     assert "torch floor x1.41 at its floor" in line, line
     assert "onnxruntime floor x2.33 misses" in line, line
     assert line.startswith("speed targets: 0 of 2 measured meet, 1 more at their floor:"), line
+
+
+def test_the_cpu_stolen_by_the_hypervisor_is_read_and_shown_beside_its_figure():
+    stat = "cpu  97367 0 15672 11181631 1499 0 1345 28180 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+    assert targets.stolen_seconds(stat) == 28180 / os.sysconf("SC_CLK_TCK")
+    assert targets.stolen_seconds("intr 1 2 3\n") is None
+    figure = {"value": {"wall": 150.0, "meets": True, "target": 180}, "when": "then",
+              "load": [1.0, 1.0, 1.0], "stolen": 37.5}
+    row = next(line for line in targets.render({"suite": figure}).splitlines()
+               if line.startswith("| 2."))
+    assert "37.5 CPU s stolen by the hypervisor" in row, row
+    del figure["stolen"]
+    assert "stolen" not in targets.render({"suite": figure}).split("| 2.", 1)[1].split("\n")[0]
 
 
 def test_a_recorded_run_replays_every_call(tmp_path):
