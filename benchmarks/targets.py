@@ -438,7 +438,7 @@ def render(figures: dict) -> str:
                f"before {v['cpu_floor']:.0f} s: cores busy "
                f"{100 * v['cpu_floor'] / v['wall']:.0f} % of the run") if v.get("cpu_seconds") else \
             f"; on {v['cores']} cores no schedule ends before {v['schedule_floor']:.0f} s"
-        if v.get("stolen_seconds"):
+        if v.get("stolen_seconds") is not None:
             cpu += f"; {v['stolen_seconds']:.0f} CPU s stolen by the hypervisor"
         return (f"{v['wall']:.0f} s ({len(v['envs'])} envs: {v['env_seconds']:.0f} s in all, "
                 f"setup {v['setup_seconds']:.0f} s of it{cpu})")
@@ -521,11 +521,16 @@ def main(argv=None) -> int:
     args.growth_backends = [b for b in args.growth_backends.split(",") if b]
     figures = json.loads(args.figures.read_text()) if args.figures.exists() else {}
 
-    def keep(key, value, stolen_before=None):
+    def keep(key, value):
         figures[key] = {"value": value, "when": now(), "load": load()}
-        stolen = stolen_seconds()
-        if stolen_before is not None and stolen is not None:
-            figures[key]["stolen"] = round(stolen - stolen_before, 1)
+
+    def measure(key, compute):
+        """keep() what compute() measures, with the CPU stolen while it ran."""
+        before = stolen_seconds()
+        keep(key, compute())
+        after = stolen_seconds()
+        if before is not None and after is not None:
+            figures[key]["stolen"] = round(after - before, 1)
 
     if args.tox_log:
         tox = tox_figures(args.tox_log, args.tox_kind, args.tox_time)
@@ -540,17 +545,17 @@ def main(argv=None) -> int:
     only = set(args.only.split(",")) if args.only else set()
     try:
         if "suite" in only:
-            keep("suite", targets.suite(), stolen_seconds())
+            measure("suite", targets.suite)
         if "overhead" in only:
-            keep("overhead", targets.overhead(), stolen_seconds())
+            measure("overhead", targets.overhead)
         if "floor" in only:
             for backend in args.floor_backends.split(","):
                 try:
-                    keep(f"floor_{backend}", targets.floor(backend), stolen_seconds())
+                    measure(f"floor_{backend}", lambda: targets.floor(backend))
                 except RuntimeError as exc:
                     log(str(exc))
         if "growth" in only:
-            keep("growth", targets.growth(), stolen_seconds())
+            measure("growth", targets.growth)
     finally:
         targets.close()
         args.figures.write_text(json.dumps(figures, indent=1) + "\n")

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from attention_conformance import api, cli, golden_store, spec_cache, spec_loader
+from attention_conformance import api, cli, spec_cache, spec_loader
 from attention_conformance.case import Case
 from attention_conformance.spec_folder import default_folder
 from attention_conformance.spec_loader import load_spec
@@ -123,19 +123,6 @@ def test_validate_never_reads_the_cache(cache, counted, spec_cases):
     assert counted["read"] == 0 and counted["static_errors"] > 0
 
 
-
-@pytest.fixture
-def worked_examples(tmp_path):
-    """The worked examples alone, with their golden data (export reads them)."""
-    folder = tmp_path / "small"
-    for part in ("cases", "golden"):
-        (folder / part).mkdir(parents=True)
-    shutil.copy(SPEC_CASES / "worked_examples.yaml", folder / "cases")
-    shutil.copy(SPEC_CASES.parent / "golden" / "worked_examples.npz", folder / "golden")
-    golden_store.write_manifest(folder / "golden")
-    return folder / "cases"
-
-
 def _filled(cases, counted):
     load_spec(cases, cache=True)
     for key in counted:
@@ -147,10 +134,10 @@ def _filled(cases, counted):
     (["golden", "check"], False),
 ], ids=["list", "export", "validate", "golden"])
 def test_list_and_export_read_the_cache_and_validate_and_golden_do_not(
-        cache, counted, worked_examples, tmp_path, capsys, command, reads_the_cache):
-    _filled(worked_examples, counted)
+        cache, counted, worked_examples_spec, tmp_path, capsys, command, reads_the_cache):
+    _filled(worked_examples_spec, counted)
     argv = [a.format(out=tmp_path / "export") for a in command]
-    assert cli.main(["--spec-dir", str(worked_examples), *argv]) == 0
+    assert cli.main(["--spec-dir", str(worked_examples_spec), *argv]) == 0
     capsys.readouterr()
     if reads_the_cache:
         assert counted["hits"] == 1 and counted["static_errors"] == 0, counted
@@ -158,8 +145,9 @@ def test_list_and_export_read_the_cache_and_validate_and_golden_do_not(
         assert counted["read"] == 0 and counted["static_errors"] > 0, counted
 
 
-def test_the_api_reads_the_cache(cache, counted, worked_examples):
-    _filled(worked_examples, counted)
-    case = api.load_case("unnormalised-scores-softmax", spec_dir=worked_examples)
+def test_the_api_reads_the_cache(cache, counted, worked_examples_spec):
+    api._spec.cache_clear()               # the API keeps a loaded folder for the process
+    _filled(worked_examples_spec, counted)
+    case = api.load_case("unnormalised-scores-softmax", spec_dir=worked_examples_spec)
     assert case.op == "softmax"
     assert counted["hits"] == 1 and counted["static_errors"] == 0, counted
