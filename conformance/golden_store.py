@@ -38,7 +38,9 @@ class GoldenError(Exception):
     """Golden data missing, truncated or not matching the manifest."""
 
 
-def write_npz(path: Path, arrays: dict) -> None:
+def write_npz(path: Path, arrays: dict, level: int | None = None) -> None:
+    """Write arrays as an npz file whose bytes depend on the arrays alone (fixed dates,
+    sorted names); level: zlib's compression level (None: its default, 6)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name in sorted(arrays):
@@ -46,7 +48,7 @@ def write_npz(path: Path, arrays: dict) -> None:
             np.lib.format.write_array(data, np.asarray(arrays[name]), allow_pickle=False)
             info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, data.getvalue())
+            archive.writestr(info, data.getvalue(), compresslevel=level)
     path.write_bytes(buffer.getvalue())
 
 

@@ -5,25 +5,24 @@ backend's process (worker.py) and its outputs come back as base ndarrays (wire.p
 checked here, in the runner's process, where nothing the adapter does to its own
 interpreter can reach. A call that does not return by the deadline kills the process;
 a process that dies is reported with its signal or exit code and the end of its output.
-Either way the next call starts a fresh process, and so does every `restart_every`-th
-call, so that a backend that leaks (compiled programs, memory maps) cannot exhaust one.
+Either way the next call starts a fresh process, and so does a process that has grown
+by more than `restart_above_mib` since it loaded (each answer says how much memory it
+holds), so that a backend that leaks (compiled programs, memory maps) cannot exhaust
+the machine; `restart_every` restarts every N calls as well.
 """
 
 from __future__ import annotations
 
-import os
+import math
 import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-from multiprocessing.connection import Connection
 
 import numpy as np
 
 from . import wire
+from .launch import EARLY_ATTR, kill_group, launch, log_file
 from .loading import BackendLoadError
 from .ops import OPS
 from .outcomes import BackendCrashed, BackendRaised, CheckFailure
@@ -34,21 +33,26 @@ STANDBY_CALLS = 500         # a replacement process starts this many calls befor
 
 
 class IsolatedBackend:
-    def __init__(self, reference: str, *, restart_every: int = 0, load_timeout=LOAD_SECONDS,
-                 device: str | None = None, wait: bool = True):
+    def __init__(self, reference: str, *, restart_every: int = 0,
+                 restart_above_mib: float = 0, load_timeout=LOAD_SECONDS,
+                 device: str | None = None, wait: bool = True, launched=None):
         """wait=False: return once the process is started, and take its declaration in
-        wait_loaded(), so that the caller's own start-up overlaps the backend's import."""
+        wait_loaded(), so that the caller's own start-up overlaps the backend's import.
+        restart_every, restart_above_mib: 0 turns that restart off. launched: (process,
+        connection, log) of a process launch.launch() already started."""
         self.reference, self.restart_every, self.load_timeout = reference, restart_every, load_timeout
+        self.restart_above_mib = restart_above_mib
+        self._loaded_mib = self._held_mib = None    # the process's memory at load, and now
         self.device = device            # the backend is built with device=DEVICE, if given
         self.deadline: float | None = None       # monotonic time by which a call must end
         self.timeout_text = ""
         self.isolated = True
         self._calls, self._pending = 0, None    # _pending: a call sent ahead (prefetch)
-        self._logs = [_log_file()]              # the second, for a standby, when one starts
+        self._logs = [launched[2] if launched else log_file()]   # a second for a standby
         self._log = self._logs[0]
         self._standby = None                    # (process, connection, log) started ahead
         self._retired = []                      # stopped processes not yet reaped
-        self._proc, self._conn = self._launch(self._log)
+        self._proc, self._conn = launched[:2] if launched else self._launch(self._log)
         if wait:
             self.wait_loaded()
 
@@ -68,18 +72,7 @@ class IsolatedBackend:
 
     # --- the process ------------------------------------------------------------------
     def _launch(self, log):
-        """Start a backend process writing to log; it loads the backend and declares it."""
-        ours, theirs = socket.socketpair()
-        log.seek(0)
-        log.truncate()
-        command = [sys.executable, "-m", "attention_conformance.worker",
-                   str(theirs.fileno()), self.reference]
-        if self.device is not None:
-            command.append(self.device)
-        proc = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        theirs.close()
-        return proc, Connection(ours.detach())
+        return launch(self.reference, self.device, log)
 
     def _start(self) -> dict:
         """A fresh process: the standby if one was started ahead, else a new one."""
@@ -91,7 +84,7 @@ class IsolatedBackend:
 
     def _start_standby(self):
         if len(self._logs) == 1:
-            self._logs.append(_log_file())
+            self._logs.append(log_file())
         log = self._logs[1] if self._log is self._logs[0] else self._logs[0]
         self._standby = (*self._launch(log), log)
 
@@ -105,6 +98,7 @@ class IsolatedBackend:
         if not isinstance(declared, dict):
             self.close()
             raise BackendLoadError(f"backend {self.reference!r}: its process sent no declaration")
+        self._loaded_mib = self._held_mib = _memory_mib(answer)
         return declared
 
     def _receive(self, deadline: float | None, doing: str):
@@ -146,7 +140,7 @@ class IsolatedBackend:
 
     def _kill(self):
         if self._proc is not None:
-            _kill_group(self._proc)
+            kill_group(self._proc)
         self._proc = None
 
     def close(self, wait: bool = True):
@@ -185,7 +179,7 @@ class IsolatedBackend:
         pending, self._pending = self._pending, None
         if pending is not None:
             if pending.matches(op, args, kwargs):
-                return _result(op, self._receive(self.deadline, f"computing {op}"))
+                return self._answer(op)
             self._discard()
         if self._proc is None or self._restart_due():
             started = time.monotonic()
@@ -194,7 +188,12 @@ class IsolatedBackend:
             if self.deadline is not None:       # starting a process is not the call's time
                 self.deadline += time.monotonic() - started
         self._send(op, args, kwargs)
-        return _result(op, self._receive(self.deadline, f"computing {op}"))
+        return self._answer(op)
+
+    def _answer(self, op: str):
+        answer = self._receive(self.deadline, f"computing {op}")
+        self._held_mib = _memory_mib(answer, self._held_mib)
+        return _result(op, answer)
 
     def prefetch(self, op: str, args, kwargs) -> bool:
         """Send a call ahead of time: the backend's process computes it while this one goes
@@ -211,7 +210,14 @@ class IsolatedBackend:
         return True
 
     def _restart_due(self) -> bool:
-        return bool(self.restart_every and self._calls >= self.restart_every)
+        return bool(self.restart_every and self._calls >= self.restart_every) \
+            or self.grown_mib() > (self.restart_above_mib or math.inf)
+
+    def grown_mib(self) -> float:
+        """How much the process's memory has grown since it loaded, in MiB (0 if unknown)."""
+        if self._loaded_mib is None or self._held_mib is None:
+            return 0.0
+        return self._held_mib - self._loaded_mib
 
     def _send(self, op, args, kwargs):
         self._calls += 1
@@ -240,21 +246,14 @@ class IsolatedBackend:
             self.deadline += time.monotonic() - started
 
 
-_EARLY = "_attention_conformance_early_backend"
-
-
-def start_early(config, reference: str, **options):
-    """Start an isolated backend's process before pytest has configured the run (it does
-    not wait for the load); State takes it with take_early(). Stopped at the config's
-    cleanup if nothing took it (a usage error, --help)."""
-    backend = IsolatedBackend(reference, wait=False, **options)
-    setattr(config, _EARLY, backend)
-    config.add_cleanup(lambda: take_early(config) and backend.close(wait=False))
-
-
 def take_early(config) -> "IsolatedBackend | None":
-    """The backend start_early() started for this config, once; None if none was."""
-    return config.__dict__.pop(_EARLY, None)
+    """The backend whose process launch.start_early() started for this config, once;
+    None if none was."""
+    early = config.__dict__.pop(EARLY_ATTR, None)
+    if early is None:
+        return None
+    reference, device, options, launched = early
+    return IsolatedBackend(reference, device=device, wait=False, launched=launched, **options)
 
 
 class _Pending:
@@ -280,11 +279,6 @@ def _same(a, b) -> bool:
         return False
 
 
-def _log_file():
-    return tempfile.NamedTemporaryFile(prefix="attention-conformance-backend-", suffix=".log",
-                                       delete=False)
-
-
 def _stop(proc, conn, wait: float) -> bool:
     """Has a process told to stop ended? After `wait` seconds it is killed (wait > 0)."""
     try:
@@ -294,18 +288,9 @@ def _stop(proc, conn, wait: float) -> bool:
     if proc.poll() is None:
         if not wait:
             return False
-        _kill_group(proc)
+        kill_group(proc)
     conn.close()
     return True
-
-
-def _kill_group(proc):
-    """SIGKILL the process and everything it started (its own session), and reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 def _signal_name(number: int) -> str:
@@ -313,6 +298,14 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return "?"
+
+
+def _memory_mib(answer: dict, otherwise=None) -> float | None:
+    """The memory an answer says its process holds, if it is a plain finite number."""
+    value = answer.get("memory_mib")
+    if type(value) in (int, float) and math.isfinite(value):
+        return float(value)
+    return otherwise
 
 
 def _result(op: str, answer: dict):

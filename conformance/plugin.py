@@ -9,6 +9,9 @@ variant x dtype into a test item. Test ids read ``topic/case-id[variant-dtype]``
 from __future__ import annotations
 
 PROFILES = ("quick", "long", "all")
+#: a backend's process that has grown by this many MiB since its load is replaced: a
+#: leak, not a case (a quick case needs tens of MiB); a restart costs a framework's import
+RESTART_ABOVE_MIB = 4096.0
 
 
 def pytest_addoption(parser):
@@ -33,9 +36,12 @@ def pytest_addoption(parser):
     group.addoption("--in-process", action="store_true", default=False,
                     help="run the backend in the runner's own process (for debugging: not"
                     " isolated, so a crash ends the run and the backend can reach the checks)")
-    group.addoption("--restart-every", type=int, default=2000, metavar="N",
-                    help="start a fresh backend process every N calls (0: only after a"
-                    " crash or a timeout)")
+    group.addoption("--restart-above", type=float, default=RESTART_ABOVE_MIB, metavar="MIB",
+                    help="start a fresh backend process once its memory has grown by MIB"
+                    " since it loaded (default %(default)g; 0: never for that)")
+    group.addoption("--restart-every", type=int, default=0, metavar="N",
+                    help="also start a fresh backend process every N calls (default 0:"
+                    " only for memory, a crash or a timeout)")
     group.addoption("--report", default=None, metavar="DIR",
                     help="write this backend's results (JSON and Markdown) into DIR")
 
@@ -49,9 +55,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
     if getattr(known, "backend", None):
         known.noconftest = True
         if not known.in_process:
-            from .isolation import start_early
+            from .launch import start_early     # the standard library only: no NumPy yet
             start_early(early_config, known.backend, device=known.device,
-                        restart_every=known.restart_every)
+                        restart_every=known.restart_every, restart_above_mib=known.restart_above)
 
 
 def pytest_configure(config):

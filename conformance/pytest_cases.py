@@ -44,7 +44,8 @@ class State:
         if isolated:    # its process imports the framework while this one loads the spec
             self.backend = take_early(config) or IsolatedBackend(
                 reference, device=device, wait=False,
-                restart_every=config.getoption("restart_every"))
+                restart_every=config.getoption("restart_every"),
+                restart_above_mib=config.getoption("restart_above"))
         else:
             self.backend = load_backend(reference, device)
         try:

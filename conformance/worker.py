@@ -17,6 +17,11 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+try:
+    import resource
+except ImportError:             # not on Windows
+    resource = None
+
 from . import wire
 from .calling import assert_unchanged, call_arguments, snapshot, unaccepted, unaccepted_text
 from .interface import op_policy
@@ -50,6 +55,27 @@ def declaration(backend) -> dict:
         "expected_failures_file": str(getattr(backend, "expected_failures_file", "") or ""),
         "ops": [op for op in OPS if callable(getattr(backend, op, None))],
     }
+
+
+_STATM: list = []      # an open /proc/self/statm, re-read at each answer (Linux)
+
+
+def memory_mib() -> float | None:
+    """The memory this process holds now (resident), in MiB: the runner restarts a
+    process that has grown too much. Where /proc is missing (macOS), the most it has
+    held; None where neither is known."""
+    if not _STATM:
+        try:
+            _STATM.append(os.open("/proc/self/statm", os.O_RDONLY))
+        except OSError:
+            _STATM.append(None)
+    if _STATM[0] is not None:
+        resident_pages = int(os.pread(_STATM[0], 128, 0).split()[1])
+        return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    if resource is None:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB; bytes on macOS
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
 def serve_one(backend, request: dict):
@@ -98,7 +124,7 @@ def main(argv=None) -> int:
     except BaseException as exc:
         wire.send(conn, {"load_error": f"backend {argv[1]!r} failed to load: {_text(exc)}"})
         return 2
-    wire.send(conn, {"declared": declaration(backend)})
+    wire.send(conn, {"declared": declaration(backend), "memory_mib": memory_mib()})
     while True:
         try:
             request = wire.receive(conn)
@@ -107,6 +133,7 @@ def main(argv=None) -> int:
         if request.get("stop"):
             return 0
         answer = serve_one(backend, request)
+        answer["memory_mib"] = memory_mib()
         try:
             wire.send(conn, answer)
         except Exception as exc:           # outputs that cannot be sent at all

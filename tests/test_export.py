@@ -78,12 +78,14 @@ def test_variants_arguments_and_policies(tiny):
 
 # --- exported files -------------------------------------------------------------------
 
-def _npz_groups(path):
+def _npz_groups(path, only=None):
+    """{group: {name: array}} of an exported npz file; only: read just that group."""
     with np.load(path) as f:
         groups = {}
         for key in f.files:
             group, _, name = key.partition("/")
-            groups.setdefault(group, {})[name] = f[key]
+            if only is None or group == only:
+                groups.setdefault(group, {})[name] = f[key]
     return groups
 
 
@@ -207,7 +209,7 @@ def _numpy_outputs(root, saved, index):
     backend = NumpyBackend()
     for case in index["cases"]:
         for entry in case["entries"]:
-            data = _npz_groups(root / entry["file"])
+            data = _npz_groups(root / entry["file"], only="inputs")
             inputs = {n: a.astype(ml_dtypes.bfloat16) if entry["inputs"][n]["dtype"] == "bfloat16"
                       else a for n, a in data.get("inputs", {}).items()}
             args = [inputs.pop(name) for name in case["positional"]]

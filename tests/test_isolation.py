@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from attention_conformance import plugin
-from attention_conformance.isolation import _EARLY, IsolatedBackend, take_early
+from attention_conformance.isolation import IsolatedBackend, take_early
+from attention_conformance.launch import EARLY_ATTR
 from attention_conformance.loading import BackendLoadError, load_backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +47,7 @@ FAULTS = {
     "matrix_output.py:MatrixOutput": ("fail", "output out is a numpy.matrix, a subclass of numpy.ndarray", ()),
     "seterr_raise.py:SetsErrRaise": ("pass", "", ()),
     "stray_thread.py:StrayThread": ("pass", "", ()),
+    "leaks.py:Leaks": ("pass", "", ("--restart-above", "100")),     # restarted every 2 calls
 }
 
 
@@ -101,6 +103,48 @@ def test_the_backend_process_is_restarted_every_n_calls():
         assert len(set(pids)) == 3, pids          # calls 1-2, 3-4, 5
     finally:
         backend.close()
+
+
+def test_a_process_that_grows_past_the_limit_is_restarted():
+    """A backend that leaks 64 MiB a call, limit 100 MiB: the third call finds the
+    process grown by 128 MiB and starts a fresh one, which declares its own load."""
+    import numpy as np
+    backend = IsolatedBackend(f"{FAULTY / 'leaks.py'}:Leaks", restart_above_mib=100)
+    try:
+        x = np.arange(6.0).reshape(2, 3)
+        pids, grown = [], []
+        for _ in range(5):
+            np.testing.assert_allclose(backend.softmax(x), load_backend("numpy").softmax(x))
+            pids.append(backend._proc.pid)
+            grown.append(backend.grown_mib())
+        assert len(set(pids[:2])) == 1 and len(set(pids)) == 3, pids   # calls 1-2, 3-4, 5
+        assert 60 < grown[0] < 100 < grown[1] and 60 < grown[2] < 100, grown
+    finally:
+        backend.close()
+
+
+def test_a_process_that_does_not_grow_serves_every_call():
+    """By default there is no restart by count: 50 calls of a backend that does not
+    leak are one process, and a leak under the limit does not restart it either."""
+    import numpy as np
+    options = plugin_defaults()
+    assert options["restart_every"] == 0 and options["restart_above"] == 4096    # the README's
+    for reference, calls in (("numpy", 50), (f"{FAULTY / 'leaks.py'}:Leaks", 3)):
+        backend = IsolatedBackend(reference, restart_every=options["restart_every"],
+                                  restart_above_mib=options["restart_above"])
+        try:
+            pids = {backend.softmax(np.ones((2, 3))) is not None and backend._proc.pid
+                    for _ in range(calls)}
+            assert len(pids) == 1, (reference, pids)
+        finally:
+            backend.close()
+
+
+def plugin_defaults() -> dict:
+    """The defaults of the plugin's options, as pytest would parse them."""
+    parser = pytest.Parser(_ispytest=True)
+    plugin.pytest_addoption(parser)
+    return vars(parser.parse_known_args([]))
 
 
 def test_an_isolated_backend_answers_like_the_adapter():
@@ -217,7 +261,7 @@ EARLY_REFERENCE = "numpy"
 
 def _early(in_process=False):
     config = _EarlyConfig(backend=EARLY_REFERENCE, in_process=in_process, device=None,
-                          restart_every=0)
+                          restart_every=0, restart_above=0)
     plugin.pytest_load_initial_conftests(early_config=config, parser=None, args=[])
     return config
 
@@ -238,9 +282,32 @@ def test_an_isolated_run_starts_the_backend_process_before_pytest_configures():
     assert config.known_args_namespace.noconftest is True
 
 
+def test_the_backend_process_starts_before_the_runner_imports_numpy():
+    """The plugin launches the backend's process with the standard library alone, so
+    the framework's import there starts before the runner's own imports do."""
+    script = f"""
+import argparse, sys
+from attention_conformance import plugin
+class Config:
+    known_args_namespace = argparse.Namespace(backend="numpy", in_process=False, device=None,
+                                              restart_every=0, restart_above=0)
+    def add_cleanup(self, func): self.cleanup = func
+config = Config()
+plugin.pytest_load_initial_conftests(early_config=config, parser=None, args=[])
+process = getattr(config, {EARLY_ATTR!r})[3][0]
+print(process.poll() is None, "numpy" in sys.modules)
+config.cleanup()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"]      # running, and no NumPy yet
+
+
 def test_a_process_started_early_that_no_run_takes_is_stopped_at_cleanup():
     config = _early()
-    pid = getattr(config, _EARLY)._proc.pid
+    process = getattr(config, EARLY_ATTR)[3][0]
+    pid = process.pid
     for cleanup in config.cleanups:
         cleanup()
     deadline = time.monotonic() + 30

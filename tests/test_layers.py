@@ -28,7 +28,7 @@ LAYERS = [
     ("inputs, reference, golden", {"inputs", "reference", "golden_compute", "golden_store",
                                    "golden_freeze"}),
     ("calling a backend", {"calling", "interface", "loading", "backends", "wire", "worker",
-                           "isolation"}),
+                           "launch", "isolation"}),
     ("checks", {"context", "comparison", "statistics", "properties", "checks"}),
     ("loading and validation", {"validation", "spec_schema", "spec_cache", "spec_loader",
                                 "expected"}),
