@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -342,20 +343,26 @@ def test_an_interrupted_run_writes_a_report_marked_incomplete(tmp_path, worked_e
     reports = tmp_path / "reports"
     cases = worked_examples_spec
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", str(cases), "--spec-dir", str(cases), "-p",
-         "attention_conformance.plugin", "-p", "no:cacheprovider", "-q", "--backend",
-         str(FAULTY / "hangs.py:Hangs"), "-k", SELECT, "--report", str(reports)],
+        [sys.executable, "-X", "faulthandler", "-m", "pytest", str(cases), "--spec-dir",
+         str(cases), "-p", "attention_conformance.plugin", "-p", "no:cacheprovider", "-q",
+         "--backend", str(FAULTY / "hangs.py:Hangs"), "-k", SELECT, "--report", str(reports)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
         env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-             "FAULTY_HANGS_MARKER": str(tmp_path / "inside-sdpa")})
-    import signal
-    import time
+             "FAULTY_HANGS_MARKER": str(tmp_path / "inside-sdpa")},
+        # Ctrl-C's default even where this test's own process ignores SIGINT (bash runs
+        # a background job so), which the run would inherit: no KeyboardInterrupt then
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (tmp_path / "inside-sdpa").exists():  # wait until inside the hanging sdpa
         assert proc.poll() is None and time.monotonic() < deadline, "sdpa never started"
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:      # where it is stuck: every thread's stack
+        proc.send_signal(signal.SIGABRT)
+        out, _ = proc.communicate(timeout=30)
+        pytest.fail(f"the interrupted run did not end within 60 s:\n{out[-8000:]}")
     [report] = reports.glob("*.json")
     data = json.loads(report.read_text())
     assert data["complete"] is False and data["interrupted"] is True, out[-2000:]
