@@ -8,10 +8,27 @@ variant x dtype into a test item. Test ids read ``topic/case-id[variant-dtype]``
 
 from __future__ import annotations
 
+import argparse
+
 PROFILES = ("quick", "long", "all")
 #: a backend's process that has grown by this many MiB since its load is replaced: a
 #: leak, not a case (a quick case needs tens of MiB); a restart costs a framework's import
 RESTART_ABOVE_MIB = 4096.0
+
+
+def _not_negative(kind):
+    """An option's type: a number of that kind, 0 or more (0 turns the option off)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not value >= 0:                  # NaN included
+            raise argparse.ArgumentTypeError(f"must be 0 (off) or more, not {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def pytest_addoption(parser):
@@ -36,10 +53,10 @@ def pytest_addoption(parser):
     group.addoption("--in-process", action="store_true", default=False,
                     help="run the backend in the runner's own process (for debugging: not"
                     " isolated, so a crash ends the run and the backend can reach the checks)")
-    group.addoption("--restart-above", type=float, default=RESTART_ABOVE_MIB, metavar="MIB",
+    group.addoption("--restart-above", type=_not_negative(float), default=RESTART_ABOVE_MIB, metavar="MIB",
                     help="start a fresh backend process once its memory has grown by MIB"
                     " since it loaded (default %(default)g; 0: never for that)")
-    group.addoption("--restart-every", type=int, default=0, metavar="N",
+    group.addoption("--restart-every", type=_not_negative(int), default=0, metavar="N",
                     help="also start a fresh backend process every N calls (default 0:"
                     " only for memory, a crash or a timeout)")
     group.addoption("--report", default=None, metavar="DIR",

@@ -141,11 +141,21 @@ def test_a_process_that_does_not_grow_serves_every_call():
             backend.close()
 
 
-def plugin_defaults() -> dict:
-    """The defaults of the plugin's options, as pytest would parse them."""
+def plugin_defaults(*args) -> dict:
+    """The plugin's options as pytest would parse them (the defaults, without args)."""
     parser = pytest.Parser(_ispytest=True)
     plugin.pytest_addoption(parser)
-    return vars(parser.parse_known_args([]))
+    return vars(parser.parse_known_args(list(args)))
+
+
+@pytest.mark.parametrize("option", ["--restart-above", "--restart-every"])
+@pytest.mark.parametrize("value", ["-1", "nan", "many"])
+def test_a_restart_option_below_zero_or_not_a_number_is_a_usage_error(option, value):
+    if value == "nan" and option == "--restart-every":
+        value = "1.5"                           # not an int
+    with pytest.raises(pytest.UsageError, match=option):
+        plugin_defaults(option, value)
+    assert plugin_defaults(option, "0")[option[2:].replace("-", "_")] == 0    # 0: off
 
 
 def test_an_isolated_backend_answers_like_the_adapter():
