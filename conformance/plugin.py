@@ -48,7 +48,7 @@ def pytest_addoption(parser):
                     help="run only these dtypes (repeatable)")
     group.addoption("--expected-failures", action="append", default=[],
                     help="extra expected-failures file for this backend (repeatable)")
-    group.addoption("--case-timeout", type=float, default=120.0,
+    group.addoption("--case-timeout", type=_not_negative(float), default=120.0,
                     help="seconds before a case is failed as hung (0: no limit)")
     group.addoption("--in-process", action="store_true", default=False,
                     help="run the backend in the runner's own process (for debugging: not"

@@ -148,11 +148,10 @@ def plugin_defaults(*args) -> dict:
     return vars(parser.parse_known_args(list(args)))
 
 
-@pytest.mark.parametrize("option", ["--restart-above", "--restart-every"])
-@pytest.mark.parametrize("value", ["-1", "nan", "many"])
-def test_a_restart_option_below_zero_or_not_a_number_is_a_usage_error(option, value):
-    if value == "nan" and option == "--restart-every":
-        value = "1.5"                           # not an int
+@pytest.mark.parametrize("option, value", [
+    (option, value) for option in ("--restart-above", "--case-timeout")
+    for value in ("-1", "nan", "many")] + [("--restart-every", v) for v in ("-1", "1.5", "many")])
+def test_a_limit_below_zero_or_not_a_number_is_a_usage_error(option, value):
     with pytest.raises(pytest.UsageError, match=option):
         plugin_defaults(option, value)
     assert plugin_defaults(option, "0")[option[2:].replace("-", "_")] == 0    # 0: off
