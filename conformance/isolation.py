@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from . import wire
-from .launch import EARLY_ATTR, kill_group, launch, log_file
+from .launch import EARLY_ATTR, kill_group, launch, log_file, remove_log
 from .loading import BackendLoadError
 from .ops import OPS
 from .outcomes import BackendCrashed, BackendRaised, CheckFailure
@@ -79,6 +79,9 @@ class IsolatedBackend:
         if self._standby is not None:
             (self._proc, self._conn, self._log), self._standby = self._standby, None
         else:
+            if self._log is None:                   # closed before: a new log
+                self._log = log_file()
+                self._logs = [self._log]
             self._proc, self._conn = self._launch(self._log)
         return self._declaration()
 
@@ -159,6 +162,9 @@ class IsolatedBackend:
         elif retired:
             threading.Thread(target=lambda: [_stop(p, c, wait=2) for p, c in retired],
                              name="backend-reaper", daemon=True).start()
+        for log in self._logs:                      # its last output is no longer asked for
+            remove_log(log)
+        self._logs, self._log = [], None
 
     def _retire(self):
         """Tell the current process to stop, and go on without waiting for it to end."""

@@ -22,6 +22,16 @@ def log_file():
                                        delete=False)
 
 
+def remove_log(log):
+    """Close and delete a backend process's log (a process still writing it goes on
+    writing to the deleted file)."""
+    try:
+        log.close()
+        os.unlink(log.name)
+    except OSError:
+        pass
+
+
 def launch(reference: str, device: str | None, log):
     """Start a backend process writing to log; it loads the backend and declares it.
     Returns (the process, this end of its socket)."""
@@ -59,4 +69,5 @@ def start_early(config, reference: str, device: str | None, **options):
         if config.__dict__.pop(EARLY_ATTR, None) is not None:
             kill_group(proc)
             conn.close()
+            remove_log(log)
     config.add_cleanup(cleanup)

@@ -240,6 +240,27 @@ def test_a_restart_takes_over_a_process_started_ahead():
     assert backend._proc is None and backend._standby is None and not backend._retired
 
 
+@pytest.mark.parametrize("wait", [True, False])
+def test_closing_removes_the_backend_logs(wait):
+    """A run leaves no log behind: close() deletes the log of every process (the
+    standby's too), and a backend used after close() writes a new one."""
+    import numpy as np
+    backend = IsolatedBackend("numpy", restart_every=3)      # a standby at the first call
+    try:
+        x = np.arange(6.0).reshape(2, 3)
+        backend.softmax(x)
+        logs = [log.name for log in backend._logs]
+        assert len(logs) == 2 and all(os.path.exists(name) for name in logs)
+        backend.close(wait=wait)
+        assert not any(os.path.exists(name) for name in logs)
+        np.testing.assert_allclose(backend.softmax(x), load_backend("numpy").softmax(x))
+        again = backend._log.name
+        assert again not in logs and os.path.exists(again)
+    finally:
+        backend.close()
+    assert not os.path.exists(again)
+
+
 def test_a_close_that_does_not_wait_still_ends_a_process_that_will_not_exit():
     """The end of a run does not wait for the backend's process to exit; one that does
     not (a thread that never ends) is killed two seconds later all the same."""
@@ -316,10 +337,11 @@ config.cleanup()
 
 def test_a_process_started_early_that_no_run_takes_is_stopped_at_cleanup():
     config = _early()
-    process = getattr(config, EARLY_ATTR)[3][0]
+    process, _, log = getattr(config, EARLY_ATTR)[3]
     pid = process.pid
     for cleanup in config.cleanups:
         cleanup()
+    assert not os.path.exists(log.name)             # its log removed with it
     deadline = time.monotonic() + 30
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
