@@ -57,6 +57,12 @@ def kill_group(proc):
     proc.wait()
 
 
+def isolation_options(option) -> dict:
+    """IsolatedBackend's keywords from a run's options; option(name) gives one's value."""
+    return {"device": option("device"), "restart_every": option("restart_every"),
+            "restart_above_mib": option("restart_above")}
+
+
 def start_early(config, reference: str, device: str | None, **options):
     """Start a backend's process before pytest has configured the run (nothing waits for
     its load); isolation.take_early() makes it the run's IsolatedBackend. Killed at the

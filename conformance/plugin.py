@@ -72,9 +72,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
     if getattr(known, "backend", None):
         known.noconftest = True
         if not known.in_process:
-            from .launch import start_early     # the standard library only: no NumPy yet
-            start_early(early_config, known.backend, device=known.device,
-                        restart_every=known.restart_every, restart_above_mib=known.restart_above)
+            from .launch import isolation_options, start_early    # no NumPy yet
+            start_early(early_config, known.backend,
+                        **isolation_options(lambda name: getattr(known, name)))
 
 
 def pytest_configure(config):

@@ -22,6 +22,7 @@ from .golden_compute import rounded_inputs
 from .golden_store import GoldenStore
 from .interface import describe
 from .isolation import IsolatedBackend, take_early
+from .launch import isolation_options
 from .loading import BackendLoadError, load_backend
 from .outcomes import BackendCrashed, BackendRaised, CheckFailure, SuiteError, Unsupported
 from .report import summary_lines, write_backend_report
@@ -39,15 +40,12 @@ class State:
     def __init__(self, config):
         self.config = config
         reference = config.getoption("backend")
-        device = config.getoption("device")
         isolated = not config.getoption("in_process")
         if isolated:    # its process imports the framework while this one loads the spec
             self.backend = take_early(config) or IsolatedBackend(
-                reference, device=device, wait=False,
-                restart_every=config.getoption("restart_every"),
-                restart_above_mib=config.getoption("restart_above"))
+                reference, wait=False, **isolation_options(config.getoption))
         else:
-            self.backend = load_backend(reference, device)
+            self.backend = load_backend(reference, config.getoption("device"))
         try:
             self.folder = SpecFolder.from_option(config.getoption("spec_dir"))
             self.cases_dir = self.folder.cases_dir

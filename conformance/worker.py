@@ -10,6 +10,7 @@ here: the runner checks every output in its own process.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -57,21 +58,23 @@ def declaration(backend) -> dict:
     }
 
 
-_STATM: list = []      # an open /proc/self/statm, re-read at each answer (Linux)
+@functools.cache
+def _statm() -> tuple[int, float] | None:
+    """This process's /proc/self/statm, opened once, and the MiB of a page (Linux)."""
+    try:
+        return os.open("/proc/self/statm", os.O_RDONLY), os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, AttributeError, ValueError):
+        return None
 
 
 def memory_mib() -> float | None:
     """The memory this process holds now (resident), in MiB: the runner restarts a
     process that has grown too much. Where /proc is missing (macOS), the most it has
     held; None where neither is known."""
-    if not _STATM:
-        try:
-            _STATM.append(os.open("/proc/self/statm", os.O_RDONLY))
-        except OSError:
-            _STATM.append(None)
-    if _STATM[0] is not None:
-        resident_pages = int(os.pread(_STATM[0], 128, 0).split()[1])
-        return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    statm = _statm()
+    if statm is not None:
+        fd, page_mib = statm
+        return int(os.pread(fd, 128, 0).split()[1]) * page_mib
     if resource is None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB; bytes on macOS
