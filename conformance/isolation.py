@@ -7,8 +7,9 @@ interpreter can reach. A call that does not return by the deadline kills the pro
 a process that dies is reported with its signal or exit code and the end of its output.
 Either way the next call starts a fresh process, and so does a process that has grown
 by more than `restart_above_mib` since it loaded (each answer says how much memory it
-holds), so that a backend that leaks (compiled programs, memory maps) cannot exhaust
-the machine; `restart_every` restarts every N calls as well.
+holds) or holds more than `restart_above_maps` memory maps (80 % of what the kernel
+allows a process, by default), so that a backend that leaks (compiled programs, memory
+maps) cannot exhaust the machine or crash; `restart_every` restarts every N calls as well.
 """
 
 from __future__ import annotations
@@ -30,19 +31,24 @@ from .timeout import CaseTimeout
 
 LOAD_SECONDS = 600.0        # importing a framework (and a first compile) can be slow
 STANDBY_CALLS = 500         # a replacement process starts this many calls before a restart
+MAPS_SHARE = 0.8            # a process holding this share of vm.max_map_count is replaced
 
 
 class IsolatedBackend:
     def __init__(self, reference: str, *, restart_every: int = 0,
-                 restart_above_mib: float = 0, load_timeout=LOAD_SECONDS,
+                 restart_above_mib: float = 0, restart_above_maps: int | None = None,
+                 load_timeout=LOAD_SECONDS,
                  device: str | None = None, wait: bool = True, launched=None):
         """wait=False: return once the process is started, and take its declaration in
         wait_loaded(), so that the caller's own start-up overlaps the backend's import.
-        restart_every, restart_above_mib: 0 turns that restart off. launched: (process,
-        connection, log) of a process launch.launch() already started."""
+        restart_every, restart_above_mib, restart_above_maps: 0 turns that restart off;
+        restart_above_maps None: MAPS_SHARE of the machine's limit (maps_limit()).
+        launched: (process, connection, log) of a process launch.launch() already started."""
         self.reference, self.restart_every, self.load_timeout = reference, restart_every, load_timeout
         self.restart_above_mib = restart_above_mib
+        self.restart_above_maps = maps_limit() if restart_above_maps is None else restart_above_maps
         self._loaded_mib = self._held_mib = None    # the process's memory at load, and now
+        self.maps = None                            # the memory maps it held when last counted
         self.device = device            # the backend is built with device=DEVICE, if given
         self.deadline: float | None = None       # monotonic time by which a call must end
         self.timeout_text = ""
@@ -102,6 +108,7 @@ class IsolatedBackend:
             self.close()
             raise BackendLoadError(f"backend {self.reference!r}: its process sent no declaration")
         self._loaded_mib = self._held_mib = _memory_mib(answer)
+        self.maps = _maps(answer)
         return declared
 
     def _receive(self, deadline: float | None, doing: str):
@@ -199,6 +206,7 @@ class IsolatedBackend:
     def _answer(self, op: str):
         answer = self._receive(self.deadline, f"computing {op}")
         self._held_mib = _memory_mib(answer, self._held_mib)
+        self.maps = _maps(answer, self.maps)
         return _result(op, answer)
 
     def prefetch(self, op: str, args, kwargs) -> bool:
@@ -217,7 +225,8 @@ class IsolatedBackend:
 
     def _restart_due(self) -> bool:
         return bool(self.restart_every and self._calls >= self.restart_every) \
-            or self.grown_mib() > (self.restart_above_mib or math.inf)
+            or self.grown_mib() > (self.restart_above_mib or math.inf) \
+            or (self.maps or 0) > (self.restart_above_maps or math.inf)
 
     def grown_mib(self) -> float:
         """How much the process's memory has grown since it loaded, in MiB (0 if unknown)."""
@@ -312,6 +321,22 @@ def _memory_mib(answer: dict, otherwise=None) -> float | None:
     if type(value) in (int, float) and math.isfinite(value):
         return float(value)
     return otherwise
+
+
+def _maps(answer: dict, otherwise=None) -> int | None:
+    """The memory maps an answer says its process holds, if it counted them."""
+    value = answer.get("maps")
+    return value if type(value) is int else otherwise
+
+
+def maps_limit(share: float = MAPS_SHARE) -> int:
+    """`share` of the memory maps the kernel allows one process (vm.max_map_count,
+    65,530 by default on Linux); 0 (no limit) where that is not known."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(int(f.read().strip()) * share)
+    except (OSError, ValueError):
+        return 0
 
 
 def _result(op: str, answer: dict):

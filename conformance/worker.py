@@ -81,6 +81,36 @@ def memory_mib() -> float | None:
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
+MAPS_EVERY = 0.2        # seconds at least between two counts of the process's memory maps
+MAPS_BUDGET = 0.05      # and at most this share of the time spent counting them
+
+
+class MapCounter:
+    """How many memory maps this process holds (the lines of /proc/self/maps; Linux), for
+    the runner to replace a process before it holds all the kernel allows one
+    (vm.max_map_count), past which it cannot map memory and crashes: XLA keeps ~20 maps
+    for each program it compiled. Counting 60,000 maps takes ~70 ms, so count() counts
+    at most every MAPS_EVERY seconds, and at most MAPS_BUDGET of the time."""
+
+    def __init__(self):
+        self.due = 0.0          # monotonic time of the next count
+
+    def count(self, force: bool = False) -> int | None:
+        """The number of maps now, or None when no count is due (or /proc is missing)."""
+        started = time.monotonic()
+        if not force and started < self.due:
+            return None
+        try:
+            with open("/proc/self/maps", "rb") as maps:
+                lines = sum(chunk.count(b"\n") for chunk in iter(lambda: maps.read(1 << 20), b""))
+        except OSError:
+            self.due = float("inf")
+            return None
+        cost = time.monotonic() - started
+        self.due = started + max(MAPS_EVERY, cost / MAPS_BUDGET)
+        return lines
+
+
 def serve_one(backend, request: dict):
     op, arrays, params = request["op"], request["arrays"], request["params"]
     method = getattr(backend, op, None)
@@ -127,7 +157,9 @@ def main(argv=None) -> int:
     except BaseException as exc:
         wire.send(conn, {"load_error": f"backend {argv[1]!r} failed to load: {_text(exc)}"})
         return 2
-    wire.send(conn, {"declared": declaration(backend), "memory_mib": memory_mib()})
+    maps = MapCounter()
+    wire.send(conn, {"declared": declaration(backend), "memory_mib": memory_mib(),
+                     "maps": maps.count(force=True)})
     while True:
         try:
             request = wire.receive(conn)
@@ -137,6 +169,7 @@ def main(argv=None) -> int:
             return 0
         answer = serve_one(backend, request)
         answer["memory_mib"] = memory_mib()
+        answer["maps"] = maps.count()
         try:
             wire.send(conn, answer)
         except Exception as exc:           # outputs that cannot be sent at all

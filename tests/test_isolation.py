@@ -124,6 +124,55 @@ def test_a_process_that_grows_past_the_limit_is_restarted():
         backend.close()
 
 
+def test_a_process_that_holds_too_many_memory_maps_is_restarted():
+    """A backend that keeps 1,000 memory maps a call: with a limit 2,500 over what it held
+    at load, its process is replaced before it holds 4,000 more; with no limit, one
+    process goes on gathering them (past vm.max_map_count, it could not map memory)."""
+    import numpy as np
+    MAPS_A_CALL = 1000                          # as tests/faulty/maps.py keeps
+
+    x = np.arange(6.0).reshape(2, 3)
+    for limit in (None, 0):
+        probe = IsolatedBackend(f"{FAULTY / 'maps.py'}:LeaksMaps", restart_above_maps=0)
+        at_load = probe.maps
+        probe.close()
+        backend = IsolatedBackend(f"{FAULTY / 'maps.py'}:LeaksMaps",
+                                  restart_above_maps=0 if limit == 0 else at_load + 2500)
+        try:
+            pids, held = [], []
+            for _ in range(6):
+                np.testing.assert_allclose(backend.softmax(x), load_backend("numpy").softmax(x))
+                pids.append(backend._proc.pid)
+                held.append(backend.maps)
+            if limit == 0:
+                assert len(set(pids)) == 1 and held[-1] > at_load + 5.9 * MAPS_A_CALL, held
+            else:
+                assert len(set(pids)) >= 2 and max(held) < at_load + 4 * MAPS_A_CALL, (pids, held)
+        finally:
+            backend.close()
+
+
+def test_the_default_limit_of_memory_maps_is_most_of_the_kernels():
+    from attention_conformance.isolation import MAPS_SHARE, maps_limit
+    from attention_conformance.worker import MAPS_BUDGET, MAPS_EVERY, MapCounter
+
+    kernel = int(Path("/proc/sys/vm/max_map_count").read_text())
+    assert MAPS_SHARE == 0.8 and maps_limit() == int(kernel * 0.8) > 0    # the README's 80 %
+    backend = IsolatedBackend("numpy")
+    try:
+        assert backend.restart_above_maps == maps_limit()
+        assert 0 < backend.maps < backend.restart_above_maps
+    finally:
+        backend.close()
+    counter = MapCounter()
+    counted = counter.count(force=True)
+    lines = len(Path("/proc/self/maps").read_bytes().splitlines())
+    assert abs(counted - lines) <= 8 and counter.count() is None    # not due again at once
+    assert (MAPS_EVERY, MAPS_BUDGET) == (0.2, 0.05)                  # the README's
+    time.sleep(max(MAPS_EVERY, counter.due - time.monotonic()) + 0.01)
+    assert counter.count() is not None
+
+
 def test_a_process_that_does_not_grow_serves_every_call():
     """By default there is no restart by count: 50 calls of a backend that does not
     leak are one process, and a leak under the limit does not restart it either."""
