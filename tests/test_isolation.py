@@ -125,31 +125,41 @@ def test_a_process_that_grows_past_the_limit_is_restarted():
 
 
 def test_a_process_that_holds_too_many_memory_maps_is_restarted():
-    """A backend that keeps 1,000 memory maps a call: with a limit 2,500 over what it held
-    at load, its process is replaced before it holds 4,000 more; with no limit, one
-    process goes on gathering them (past vm.max_map_count, it could not map memory)."""
+    """A backend that keeps 1,000 memory maps a call: with no limit, one process goes on
+    gathering them (past vm.max_map_count it could not map memory); with a limit 2,500
+    over what it held at load, each process is replaced once it was last counted over
+    the limit, and only then (the process counts when due: how often depends on load)."""
     import numpy as np
-    MAPS_A_CALL = 1000                          # as tests/faulty/maps.py keeps
 
+    reference = f"{FAULTY / 'maps.py'}:LeaksMaps"
     x = np.arange(6.0).reshape(2, 3)
-    for limit in (None, 0):
-        probe = IsolatedBackend(f"{FAULTY / 'maps.py'}:LeaksMaps", restart_above_maps=0)
-        at_load = probe.maps
-        probe.close()
-        backend = IsolatedBackend(f"{FAULTY / 'maps.py'}:LeaksMaps",
-                                  restart_above_maps=0 if limit == 0 else at_load + 2500)
-        try:
-            pids, held = [], []
-            for _ in range(6):
-                np.testing.assert_allclose(backend.softmax(x), load_backend("numpy").softmax(x))
-                pids.append(backend._proc.pid)
-                held.append(backend.maps)
-            if limit == 0:
-                assert len(set(pids)) == 1 and held[-1] > at_load + 5.9 * MAPS_A_CALL, held
-            else:
-                assert len(set(pids)) >= 2 and max(held) < at_load + 4 * MAPS_A_CALL, (pids, held)
-        finally:
-            backend.close()
+
+    def calls(backend, n, until=lambda held: False):
+        pids, held = [], []
+        for _ in range(n):
+            np.testing.assert_allclose(backend.softmax(x), load_backend("numpy").softmax(x))
+            pids.append(backend._proc.pid)
+            held.append(backend.maps)
+            if until(held[-1]):
+                break
+        return pids, held
+
+    unlimited = IsolatedBackend(reference, restart_above_maps=0)
+    try:
+        at_load = unlimited.maps
+        pids, held = calls(unlimited, 20, until=lambda n: n > at_load + 3500)
+        assert len(set(pids)) == 1 and held[-1] > at_load + 3500, held
+    finally:
+        unlimited.close()
+    limit = at_load + 2500
+    limited = IsolatedBackend(reference, restart_above_maps=limit)
+    try:
+        pids, held = calls(limited, 12)
+        assert len(set(pids)) >= 2, (pids, held)
+        for i in range(1, len(pids)):
+            assert (pids[i] != pids[i - 1]) == (held[i - 1] > limit), (i, pids, held)
+    finally:
+        limited.close()
 
 
 def test_the_default_limit_of_memory_maps_is_most_of_the_kernels():
