@@ -7,9 +7,9 @@ interpreter can reach. A call that does not return by the deadline kills the pro
 a process that dies is reported with its signal or exit code and the end of its output.
 Either way the next call starts a fresh process, and so does a process that has grown
 by more than `restart_above_mib` since it loaded (each answer says how much memory it
-holds) or holds more than `restart_above_maps` memory maps (80 % of what the kernel
-allows a process, by default), so that a backend that leaks (compiled programs, memory
-maps) cannot exhaust the machine or crash; `restart_every` restarts every N calls as well.
+holds) or holds more than `restart_above_maps` memory maps (by default 80 % of what the
+kernel allows a process), so that a backend that leaks (compiled programs, memory maps)
+cannot exhaust the machine or crash; `restart_every` restarts every N calls as well.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class IsolatedBackend:
         self.restart_above_mib = restart_above_mib
         self.restart_above_maps = maps_limit() if restart_above_maps is None else restart_above_maps
         self._loaded_mib = self._held_mib = None    # the process's memory at load, and now
-        self.maps = None                            # the memory maps it held when last counted
+        self._loaded_maps = self.held_maps = None   # its memory maps at load, and when last counted
         self.device = device            # the backend is built with device=DEVICE, if given
         self.deadline: float | None = None       # monotonic time by which a call must end
         self.timeout_text = ""
@@ -108,7 +108,7 @@ class IsolatedBackend:
             self.close()
             raise BackendLoadError(f"backend {self.reference!r}: its process sent no declaration")
         self._loaded_mib = self._held_mib = _memory_mib(answer)
-        self.maps = _maps(answer)
+        self._loaded_maps = self.held_maps = _maps(answer)
         return declared
 
     def _receive(self, deadline: float | None, doing: str):
@@ -205,9 +205,12 @@ class IsolatedBackend:
 
     def _answer(self, op: str):
         answer = self._receive(self.deadline, f"computing {op}")
-        self._held_mib = _memory_mib(answer, self._held_mib)
-        self.maps = _maps(answer, self.maps)
+        self._note_holdings(answer)
         return _result(op, answer)
+
+    def _note_holdings(self, answer: dict):
+        self._held_mib = _memory_mib(answer, self._held_mib)
+        self.held_maps = _maps(answer, self.held_maps)
 
     def prefetch(self, op: str, args, kwargs) -> bool:
         """Send a call ahead of time: the backend's process computes it while this one goes
@@ -226,7 +229,15 @@ class IsolatedBackend:
     def _restart_due(self) -> bool:
         return bool(self.restart_every and self._calls >= self.restart_every) \
             or self.grown_mib() > (self.restart_above_mib or math.inf) \
-            or (self.maps or 0) > (self.restart_above_maps or math.inf)
+            or self._too_many_maps()
+
+    def _too_many_maps(self) -> bool:
+        """Over the limit, and grown by a tenth of it since load: a process loaded near or
+        over the limit is not replaced at every call (a new one would hold as many)."""
+        limit, held, loaded = self.restart_above_maps, self.held_maps, self._loaded_maps
+        if not limit or held is None or loaded is None:
+            return False
+        return held > limit and held - loaded > limit / 10
 
     def grown_mib(self) -> float:
         """How much the process's memory has grown since it loaded, in MiB (0 if unknown)."""
@@ -254,7 +265,7 @@ class IsolatedBackend:
         for did not run it). Its time is not the next call's."""
         started = time.monotonic()
         try:
-            self._receive(self.deadline, "computing a call sent ahead")
+            self._note_holdings(self._receive(self.deadline, "computing a call sent ahead"))
         except (CaseTimeout, BackendCrashed):
             self._kill()
         if self.deadline is not None:
@@ -326,12 +337,12 @@ def _memory_mib(answer: dict, otherwise=None) -> float | None:
 def _maps(answer: dict, otherwise=None) -> int | None:
     """The memory maps an answer says its process holds, if it counted them."""
     value = answer.get("maps")
-    return value if type(value) is int else otherwise
+    return value if type(value) is int and value >= 0 else otherwise
 
 
 def maps_limit(share: float = MAPS_SHARE) -> int:
-    """`share` of the memory maps the kernel allows one process (vm.max_map_count,
-    65,530 by default on Linux); 0 (no limit) where that is not known."""
+    """`share` of the memory maps the kernel allows one process (vm.max_map_count; the
+    kernel's default is 65,530); 0 (no limit) where that is not known."""
     try:
         with open("/proc/sys/vm/max_map_count") as f:
             return int(int(f.read().strip()) * share)

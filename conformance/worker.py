@@ -101,8 +101,8 @@ class MapCounter:
         if not force and started < self.due:
             return None
         try:
-            with open("/proc/self/maps", "rb") as maps:
-                lines = sum(chunk.count(b"\n") for chunk in iter(lambda: maps.read(1 << 20), b""))
+            with open("/proc/self/maps", "rb") as f:
+                lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
         except OSError:
             self.due = float("inf")
             return None
@@ -157,9 +157,9 @@ def main(argv=None) -> int:
     except BaseException as exc:
         wire.send(conn, {"load_error": f"backend {argv[1]!r} failed to load: {_text(exc)}"})
         return 2
-    maps = MapCounter()
+    counter = MapCounter()
     wire.send(conn, {"declared": declaration(backend), "memory_mib": memory_mib(),
-                     "maps": maps.count(force=True)})
+                     "maps": counter.count(force=True)})
     while True:
         try:
             request = wire.receive(conn)
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
             return 0
         answer = serve_one(backend, request)
         answer["memory_mib"] = memory_mib()
-        answer["maps"] = maps.count()
+        answer["maps"] = counter.count()
         try:
             wire.send(conn, answer)
         except Exception as exc:           # outputs that cannot be sent at all

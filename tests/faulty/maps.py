@@ -15,8 +15,9 @@ class LeaksMaps(NumpyBackend):
     kept = []
 
     def softmax(self, x, **kw):
-        for i in range(MAPS_A_CALL):      # two protections in turn: no two maps merge
+        for i in range(MAPS_A_CALL):      # private, two protections in turn: none merge
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if i % 2 else 0)
-            LeaksMaps.kept.append(mmap.mmap(-1, mmap.PAGESIZE, prot=prot))
+            LeaksMaps.kept.append(mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE,
+                                            prot=prot))
         time.sleep(SECONDS_A_CALL)
         return super().softmax(x, **kw)
