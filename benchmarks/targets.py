@@ -87,6 +87,12 @@ def load() -> list:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def run_ended(log: Path) -> str:
+    """When a recorded run ended: its log's last write (not when it is recorded)."""
+    stamp = datetime.datetime.fromtimestamp(log.stat().st_mtime, datetime.UTC)
+    return stamp.isoformat(timespec="seconds")
+
+
 def run(args, *, env=None, cwd=ROOT, timeout=3600):
     """(wall, cpu of the child and its waited-for descendants, rc, output)."""
     import resource
@@ -416,6 +422,8 @@ def render(figures: dict) -> str:
             return "not measured yet"
         stolen = (f"; {f['stolen']:g} CPU s stolen by the hypervisor while measured"
                   if f.get("stolen") is not None else "")
+        if f.get("load") is None:                  # a recorded run: when it ended
+            return f"run ended {f['when']}{stolen}"
         return f"measured {f['when']}, load average {f['load']}{stolen}"
 
     out = ["# Speed targets (issue 16)", "",
@@ -521,8 +529,8 @@ def main(argv=None) -> int:
     args.growth_backends = [b for b in args.growth_backends.split(",") if b]
     figures = json.loads(args.figures.read_text()) if args.figures.exists() else {}
 
-    def keep(key, value):
-        figures[key] = {"value": value, "when": now(), "load": load()}
+    def keep(key, value, when=None):
+        figures[key] = {"value": value, "when": when or now(), "load": load()}
 
     def measure(key, compute):
         """keep() what compute() measures, with the CPU stolen while it ran."""
@@ -534,10 +542,14 @@ def main(argv=None) -> int:
 
     if args.tox_log:
         tox = tox_figures(args.tox_log, args.tox_kind, args.tox_time)
-        keep(f"tox_{args.tox_kind}", tox)
+        ended = run_ended(args.tox_log)
+        keep(f"tox_{args.tox_kind}", tox, ended)
+        figures[f"tox_{args.tox_kind}"]["load"] = None      # now's is not the run's
         suite = tox["envs"].get("suite")
         if suite and suite["status"] == "OK":     # beside the others: not the target's figure
-            keep("suite_in_matrix", {"wall": suite["seconds"], "source": "tox -p (suite env)"})
+            keep("suite_in_matrix", {"wall": suite["seconds"], "source": "tox -p (suite env)"},
+                 ended)
+            figures["suite_in_matrix"]["load"] = None
     if args.summary:
         print(summary_line(figures))
         return 0

@@ -37,6 +37,21 @@ def test_a_tox_log_gives_the_total_and_each_environment(tmp_path):
     assert not targets.tox_figures(tmp_path / "ok.log", "warm")["meets"]      # > 180 s
 
 
+def test_a_recorded_tox_run_is_dated_when_it_ended_not_when_recorded(tmp_path):
+    """--tox-log keeps the log's last write as the figure's date, and no load average
+    (the recorder's would not be the run's); the table says so."""
+    log = tmp_path / "tox.log"
+    log.write_text(TOX.replace("evaluation failed :(", "congratulations :)"))
+    os.utime(log, (1_700_000_000, 1_700_000_000))           # 2023-11-14T22:13:20Z
+    figures, results = tmp_path / "figures.json", tmp_path / "results.md"
+    assert targets.main(["--tox-log", str(log), "--tox-kind", "cold", "--only", "",
+                         "--figures", str(figures), "--output", str(results)]) == 0
+    row = json.loads(figures.read_text())["tox_cold"]
+    assert row["when"] == "2023-11-14T22:13:20+00:00" and row["load"] is None
+    assert json.loads(figures.read_text())["suite_in_matrix"]["when"] == row["when"]
+    assert "run ended 2023-11-14T22:13:20+00:00" in results.read_text()
+
+
 def test_the_cpu_time_of_a_tox_run_bounds_its_wall_on_this_many_cores(tmp_path):
     (tmp_path / "tox.log").write_text(TOX)
     (tmp_path / "tox.time").write_text("tox cpu: real 545.10 user 901.20 sys 80.30\n")
