@@ -30,6 +30,12 @@ Targets (issue 16):
    topic's run minus a run of the same spec folder that selects nothing (start-up,
    load, spec). Reported, no bound.
 
+Beside target 1, `--only env_cpu` runs each environment of tox.ini's env_list alone
+(`tox -e ENV`, one after another; warm: after a `tox -p`) and records its wall and the
+machine's busy CPU seconds over it (/proc/stat): where a warm matrix's CPU goes. Their
+sum over the cores is the least wall any schedule of that work can take. Reported, no
+bound.
+
 Each run merges its figures into benchmarks/results-targets.json (figures not measured
 keep their earlier value and date) and rewrites benchmarks/results.md. Timings are only
 meaningful on a quiet machine; the load average is recorded with every figure.
@@ -62,7 +68,7 @@ GROWTH_TOPICS = ("tiles", "varlen", "lse", "sinks", "precision")
 #: anew in each run (no persistent cache here), so one run is its figure.
 GROWTH_BACKENDS = {"numpy": None, "jax": 1}
 #: figures kept beside the targets, never judged
-UNJUDGED = ("growth", "notes", "suite_in_matrix")
+UNJUDGED = ("growth", "notes", "suite_in_matrix", "env_cpu")
 TARGETS = {"tox_cold": 600.0, "tox_warm": 180.0, "tox_fresh": 600.0, "suite": 180.0, "overhead": 1.5,
            "floor": 1.2}
 #: a tox run whose wall is within this factor of its CPU seconds / cores kept every core
@@ -123,6 +129,26 @@ def stolen_seconds(stat_text: str | None = None) -> float | None:
         return None
 
 
+def busy_seconds(stat_text: str | None = None) -> float | None:
+    """CPU seconds this machine's CPUs have been busy since boot, all processes (user, nice,
+    system, irq, softirq of /proc/stat, as .ci/run counts them), or None."""
+    try:
+        text = stat_text if stat_text is not None else Path("/proc/stat").read_text()
+        fields = next(line for line in text.splitlines() if line.startswith("cpu ")).split()
+        return sum(int(fields[i]) for i in (1, 2, 3, 6, 7)) / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+
+
+def tox_envs(ini: Path = ROOT / "tox.ini") -> list[str]:
+    """The environments of tox.ini's env_list, in its order."""
+    import configparser
+
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ini)
+    return [e.strip() for e in config["tox"]["env_list"].split(",") if e.strip()]
+
+
 def median(values):
     values = sorted(v for v in values if v is not None)
     return values[len(values) // 2] if values else None
@@ -167,6 +193,22 @@ class Targets:
                                  env=self.env, cwd=folder)
         assert rc == 0 and items_of(parse_summary(out)) == n, tail(out)
         return {"wall": wall, "cpu": cpu}
+
+    # -- 1. beside it: where a warm matrix's CPU goes --------------------------------
+    def env_cpu(self):
+        """Each tox environment alone, one after another: wall and busy CPU seconds."""
+        rows = []
+        for env in tox_envs():
+            log(f"env_cpu: tox -e {env}")
+            before = busy_seconds()
+            wall, _, rc, out = run([sys.executable, "-m", "tox", "-e", env], timeout=1800)
+            after = busy_seconds()
+            if rc is None or "No module named tox" in (out or ""):
+                raise RuntimeError(f"env_cpu: tox -e {env} did not run:\n{tail(out)}")
+            setup = tox_env_lines(out or "").get(env, {}).get("setup")
+            rows.append({"env": env, "wall": wall, "rc": rc, "setup": setup,
+                         "cpu": None if before is None or after is None else after - before})
+        return env_cpu_figures(rows)
 
     # -- 2. the suite's own tests ---------------------------------------------------
     def suite(self):
@@ -336,18 +378,37 @@ def tox_stolen(path: Path) -> float | None:
     return float(m[1]) if m else None
 
 
-def tox_figures(path: Path, kind: str, time_path: Path | None = None) -> dict:
-    """Seconds of a `tox -p` run from its output: the total, and each environment's
-    total with its setup (creating the env, installing) apart from its commands
-    (tox 4 prints `  numpy: OK (28.30=setup[10.20]+cmd[18.10] seconds)`)."""
+def tox_env_lines(text: str) -> dict:
+    """Each environment's line of tox's output: status, seconds and setup seconds (tox 4
+    prints `  numpy: OK (28.30=setup[10.20]+cmd[18.10] seconds)`)."""
     import re
 
-    text = path.read_text(errors="replace")
     envs = {}
     for m in re.finditer(r"^\s*([\w.-]+): (OK|FAIL|SKIP)[^(\n]*\(([\d.]+)"
                          r"(?:=setup\[([\d.]+)\])?", text, re.MULTILINE):
         envs[m[1]] = {"status": m[2], "seconds": float(m[3]),
                       "setup": float(m[4]) if m[4] else None}
+    return envs
+
+
+def env_cpu_figures(rows: list, cores: int | None = None) -> dict:
+    """The environments' CPU summed: on this many cores, the least wall of any schedule."""
+    cores = cores or os.cpu_count() or 1
+    known = [r["cpu"] for r in rows if r["cpu"] is not None]
+    cpu = sum(known) if len(known) == len(rows) and rows else None
+    return {"envs": rows, "cores": cores, "cpu_seconds": cpu,
+            "wall_seconds": sum(r["wall"] for r in rows),
+            "cpu_floor": cpu / cores if cpu is not None else None,
+            "ok": all(r["rc"] == 0 for r in rows), "bound": TARGETS["tox_warm"]}
+
+
+def tox_figures(path: Path, kind: str, time_path: Path | None = None) -> dict:
+    """Seconds of a `tox -p` run from its output: the total, and each environment's
+    total with its setup (creating the env, installing) apart from its commands."""
+    import re
+
+    text = path.read_text(errors="replace")
+    envs = tox_env_lines(text)
     total = re.findall(r"(congratulations :\)|evaluation failed :\() \(([\d.]+) seconds\)", text)
     seconds = float(total[-1][1]) if total else None
     ok = bool(total) and total[-1][0].startswith("congratulations")
@@ -482,6 +543,7 @@ def render(figures: dict) -> str:
                           f"({v['suite_compile_seconds']:.1f} s), floor {v['replay']['programs']} "
                           f"({v['replay']['compile_seconds']:.1f} s)" if "suite_programs" in v else ""))
             if "ratio" in v else v.get("skipped", "–"), "≤ x1.2")
+    out += render_env_cpu(figures.get("env_cpu"))
     out += ["", "## 5. Growth: the cost of each case family (isolated)", ""]
     growth = figures.get("growth")
     if growth and growth["value"]:
@@ -504,10 +566,36 @@ def render(figures: dict) -> str:
     return "\n".join(out)
 
 
+def render_env_cpu(figure: dict | None) -> list:
+    """The section on where a warm matrix's CPU goes (each environment alone)."""
+    if not figure or not figure["value"].get("envs"):
+        return []
+    v = figure["value"]
+    stolen = f", {figure['stolen']:g} CPU s stolen" if figure.get("stolen") is not None else ""
+    out = ["", "## 1. Beside it: where a warm matrix's CPU goes (each environment alone)", "",
+           (f"Measured {figure['when']}, load average {figure['load']}{stolen}: `tox -e ENV` "
+            "for each environment of tox.ini, one after another, warm; CPU = the machine's "
+            "busy seconds over it (every process: tox, pytest, the backend's)."), "",
+           "| environment | status | wall s | setup s | CPU s | share of the CPU |",
+           "|---|---|---:|---:|---:|---:|"]
+    total = v["cpu_seconds"]
+    for r in v["envs"]:
+        cpu = "–" if r["cpu"] is None else f"{r['cpu']:.1f}"
+        share = f"{100 * r['cpu'] / total:.0f} %" if total and r["cpu"] is not None else "–"
+        setup = "–" if r.get("setup") is None else f"{r['setup']:.1f}"
+        status = "OK" if r["rc"] == 0 else f"rc {r['rc']}"
+        out.append(f"| {r['env']} | {status} | {r['wall']:.1f} | {setup} | {cpu} | {share} |")
+    if total is not None:
+        out += ["", (f"In all {total:.0f} CPU s ({v['wall_seconds']:.0f} s of wall one after "
+                     f"another): on {v['cores']} cores no schedule of this work ends before "
+                     f"{v['cpu_floor']:.0f} s (the warm bound: {v['bound']:.0f} s).")]
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default="suite,overhead,floor,growth",
-                   help="comma-separated: suite, overhead, floor, growth")
+                   help="comma-separated: suite, overhead, floor, growth, env_cpu")
     p.add_argument("--floor-backends", default=",".join(FLOOR_BACKENDS))
     p.add_argument("--floor-topics", default=None,
                    help="comma-separated topics for the floor runs (default: the whole spec)")
@@ -568,6 +656,8 @@ def main(argv=None) -> int:
                     log(str(exc))
         if "growth" in only:
             measure("growth", targets.growth)
+        if "env_cpu" in only:
+            measure("env_cpu", targets.env_cpu)
     finally:
         targets.close()
         args.figures.write_text(json.dumps(figures, indent=1) + "\n")

@@ -3,8 +3,16 @@
 # pytester's in-process runs restore sys.modules afterwards, and a C extension such as
 # NumPy cannot be loaded twice in one process: import the runner (and so NumPy) here,
 # before any in-process run, now that the plugin alone imports nothing.
+import os
+
 import attention_conformance.pytest_cases  # noqa: F401
 import pytest
+
+# No test here is a Hypothesis test, but Hypothesis' pytest plugin imports all of
+# Hypothesis when a session ends (~0.6 s of CPU): keep it out of the pytest runs that the
+# tests start (they inherit this environment).
+os.environ["PYTEST_ADDOPTS"] = " ".join(
+    filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-p no:hypothesispytest"]))
 
 pytest_plugins = ["pytester"]
 

@@ -129,6 +129,42 @@ def test_the_cpu_stolen_by_the_hypervisor_is_read_and_shown_beside_its_figure():
     assert "stolen" not in targets.render({"suite": figure}).split("| 2.", 1)[1].split("\n")[0]
 
 
+def test_the_busy_cpu_of_the_machine_is_read_as_ci_counts_it():
+    """user + nice + system + irq + softirq of /proc/stat, as .ci/run's busy() sums them."""
+    stat = "cpu  97367 11 15672 11181631 1499 7 1345 28180 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+    expected = (97367 + 11 + 15672 + 7 + 1345) / os.sysconf("SC_CLK_TCK")
+    assert abs(targets.busy_seconds(stat) - expected) < 1e-9
+    assert targets.busy_seconds("intr 1 2 3\n") is None
+    assert "$2 + $3 + $4 + $7 + $8" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_each_environment_of_tox_ini_is_measured_and_summed_over_the_cores():
+    envs = targets.tox_envs()
+    assert envs[0] == "numpy" and {"jax", "suite", "report"} <= set(envs), envs
+    rows = [{"env": e, "wall": 10.0, "rc": 0, "setup": 1.0, "cpu": 15.0} for e in envs]
+    rows[1]["rc"] = 1
+    figures = targets.env_cpu_figures(rows, cores=2)
+    assert figures["cpu_seconds"] == 15.0 * len(envs) and figures["cpu_floor"] == 7.5 * len(envs)
+    assert not figures["ok"]
+    text = "\n".join(targets.render_env_cpu({"value": figures, "when": "then", "load": [1]}))
+    assert f"| {envs[1]} | rc 1 | 10.0 | 1.0 | 15.0 | {100 / len(envs):.0f} % |" in text, text
+    assert (f"In all {15 * len(envs)} CPU s ({10 * len(envs)} s of wall one after another): "
+            f"on 2 cores no schedule of this work ends before {7.5 * len(envs):.0f} s") in text
+    rows[2]["cpu"] = None                      # one not measured: no sum, no floor claimed
+    assert targets.env_cpu_figures(rows, cores=2)["cpu_floor"] is None
+    assert "In all" not in "\n".join(targets.render_env_cpu(
+        {"value": targets.env_cpu_figures(rows, cores=2), "when": "then", "load": [1]}))
+    assert "env_cpu" in targets.UNJUDGED        # reported beside target 1, never judged
+
+
+def test_the_checked_in_results_page_is_its_figures_rendered():
+    """benchmarks/results.md is what targets.py renders from results-targets.json: no
+    figure on the page was edited by hand, none is missing from it."""
+    figures = json.loads((ROOT / "benchmarks" / "results-targets.json").read_text())
+    page = (ROOT / "benchmarks" / "results.md").read_text(encoding="utf-8")
+    assert page == targets.render(figures)
+
+
 def test_a_recorded_run_replays_every_call(tmp_path):
     record = tmp_path / "record"
     env = dict(os.environ, BENCH_RECORD_BACKEND="numpy", BENCH_RECORD_DIR=str(record))
