@@ -116,28 +116,29 @@ def run(args, *, env=None, cwd=ROOT, timeout=3600):
     return time.perf_counter() - start, cpu() - before, done.returncode, done.stdout
 
 
+def _cpu_seconds(columns, stat_text: str | None) -> float | None:
+    """The sum of these columns of /proc/stat's `cpu` line (all CPUs, since boot), in
+    seconds; None where the file or a column is missing."""
+    try:
+        text = stat_text if stat_text is not None else Path("/proc/stat").read_text()
+        fields = next(line for line in text.splitlines() if line.startswith("cpu ")).split()
+        return sum(int(fields[i]) for i in columns) / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+
+
 def stolen_seconds(stat_text: str | None = None) -> float | None:
     """CPU seconds the hypervisor has taken from this virtual machine since boot, over all
     its CPUs (the steal column of /proc/stat); None where there is no such column. On a
     shared 2-vCPU machine it can be a third of a run's wall: a figure measured then
     overstates what the suite costs."""
-    try:
-        text = stat_text if stat_text is not None else Path("/proc/stat").read_text()
-        fields = next(line for line in text.splitlines() if line.startswith("cpu ")).split()
-        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, StopIteration, IndexError, ValueError):
-        return None
+    return _cpu_seconds((8,), stat_text)
 
 
 def busy_seconds(stat_text: str | None = None) -> float | None:
     """CPU seconds this machine's CPUs have been busy since boot, all processes (user, nice,
     system, irq, softirq of /proc/stat, as .ci/run counts them), or None."""
-    try:
-        text = stat_text if stat_text is not None else Path("/proc/stat").read_text()
-        fields = next(line for line in text.splitlines() if line.startswith("cpu ")).split()
-        return sum(int(fields[i]) for i in (1, 2, 3, 6, 7)) / os.sysconf("SC_CLK_TCK")
-    except (OSError, StopIteration, IndexError, ValueError):
-        return None
+    return _cpu_seconds((1, 2, 3, 6, 7), stat_text)
 
 
 def tox_envs(ini: Path = ROOT / "tox.ini") -> list[str]:
@@ -197,14 +198,18 @@ class Targets:
     # -- 1. beside it: where a warm matrix's CPU goes --------------------------------
     def env_cpu(self):
         """Each tox environment alone, one after another: wall and busy CPU seconds."""
+        import importlib.util
+
+        if importlib.util.find_spec("tox") is None:
+            raise RuntimeError(f"env_cpu: tox is not installed for {sys.executable}")
         rows = []
         for env in tox_envs():
             log(f"env_cpu: tox -e {env}")
             before = busy_seconds()
             wall, _, rc, out = run([sys.executable, "-m", "tox", "-e", env], timeout=1800)
             after = busy_seconds()
-            if rc is None or "No module named tox" in (out or ""):
-                raise RuntimeError(f"env_cpu: tox -e {env} did not run:\n{tail(out)}")
+            if rc is None:
+                raise RuntimeError(f"env_cpu: tox -e {env} timed out:\n{tail(out)}")
             setup = tox_env_lines(out or "").get(env, {}).get("setup")
             rows.append({"env": env, "wall": wall, "rc": rc, "setup": setup,
                          "cpu": None if before is None or after is None else after - before})
@@ -398,8 +403,7 @@ def env_cpu_figures(rows: list, cores: int | None = None) -> dict:
     cpu = sum(known) if len(known) == len(rows) and rows else None
     return {"envs": rows, "cores": cores, "cpu_seconds": cpu,
             "wall_seconds": sum(r["wall"] for r in rows),
-            "cpu_floor": cpu / cores if cpu is not None else None,
-            "ok": all(r["rc"] == 0 for r in rows), "bound": TARGETS["tox_warm"]}
+            "cpu_floor": cpu / cores if cpu is not None else None, "bound": TARGETS["tox_warm"]}
 
 
 def tox_figures(path: Path, kind: str, time_path: Path | None = None) -> dict:

@@ -145,7 +145,6 @@ def test_each_environment_of_tox_ini_is_measured_and_summed_over_the_cores():
     rows[1]["rc"] = 1
     figures = targets.env_cpu_figures(rows, cores=2)
     assert figures["cpu_seconds"] == 15.0 * len(envs) and figures["cpu_floor"] == 7.5 * len(envs)
-    assert not figures["ok"]
     text = "\n".join(targets.render_env_cpu({"value": figures, "when": "then", "load": [1]}))
     assert f"| {envs[1]} | rc 1 | 10.0 | 1.0 | 15.0 | {100 / len(envs):.0f} % |" in text, text
     assert (f"In all {15 * len(envs)} CPU s ({10 * len(envs)} s of wall one after another): "
