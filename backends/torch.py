@@ -142,7 +142,9 @@ def _broadcast(q, k, v, mask, bias, gqa: bool):
     """Expand q, k, v to one common batch shape (mask and bias shapes included)."""
     cut = 3 if gqa else 2
     extra = [m.shape[:-cut] for m in (mask, bias) if m is not None]
-    lead = torch.broadcast_shapes(q.shape[:-cut], k.shape[:-cut], v.shape[:-cut], *extra)
+    # numpy's rule, the same as torch's: torch.broadcast_shapes imports sympy at its first
+    # call (~0.45 s), which nothing else in a certification run needs
+    lead = np.broadcast_shapes(q.shape[:-cut], k.shape[:-cut], v.shape[:-cut], *extra)
     return tuple(t.expand(*lead, *t.shape[-cut:]) for t in (q, k, v))
 
 
@@ -498,7 +500,7 @@ def _mha_module(q, k, v, ws, heads, allowed):
         mha.v_proj_weight.copy_(w_v.T)
     mha.out_proj.weight.copy_(w_o.T)
     extra = [] if allowed is None else [allowed.shape[:-3]]
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], *extra)
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], *extra)
     lq, lk = q.shape[-2], k.shape[-2]
     q3, k3, v3 = (t.expand(*lead, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in (q, k, v))
     attn_mask = None

@@ -52,7 +52,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("numpy", "torch", "jax", "tensorflow")
 #: backend name -> the module whose import is the "framework import"
 FRAMEWORK = {"numpy": "numpy", "torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
-#: per-backend settings of tox.ini, applied unless the caller's environment sets them
+#: settings of tox.ini, applied unless the caller's environment sets them: its
+#: [testenv]'s, for every run, and each backend's own
+COMMON_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 BACKEND_ENV = {"torch": {"OMP_NUM_THREADS": "1"}}
 #: distributions whose versions describe the machine's software
 DISTRIBUTIONS = ("numpy", "ml_dtypes", "PyYAML", "jsonschema", "pytest", "pytest-xdist",
@@ -177,6 +179,8 @@ class Runner:
         self.env["ATTENTION_CONFORMANCE_SPEC"] = str(spec_dir)
         self.env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self.env.setdefault("PYTHONUNBUFFERED", "1")
+        for key, value in COMMON_ENV.items():
+            self.env.setdefault(key, value)
         path = self.env.get("PYTHONPATH")
         self.env["PYTHONPATH"] = str(ROOT) + (os.pathsep + path if path else "")
         self.cache_root = Path(tempfile.mkdtemp(prefix="attention-bench-cache-"))
@@ -679,8 +683,9 @@ def render(results: dict, args) -> str:
     w("- *first run*: the same run with an empty spec cache, as on a fresh machine (the"
       " spec is parsed, schema-validated and statically checked; later runs read the files"
       " that validated cleanly from the cache). *conformance s* and every ratio use the"
-      " repeated runs, cache warm. Per-backend settings of tox.ini apply: "
-      + ", ".join(f"{b} {k}={v}" for b, env in BACKEND_ENV.items() for k, v in env.items())
+      " repeated runs, cache warm. The settings of tox.ini apply: "
+      + ", ".join([f"{k}={v}" for k, v in COMMON_ENV.items()]
+                  + [f"{b} {k}={v}" for b, env in BACKEND_ENV.items() for k, v in env.items()])
       + " unless set by the caller.")
     w("- *ratio* = conformance wall / bare pytest wall for the same number of items;"
       " *ratio − load* subtracts the backend load (framework import, adapter) from the"

@@ -58,7 +58,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench import BARE_TEST, items_of, parse_summary, tail  # noqa: E402
+from bench import BACKEND_ENV, BARE_TEST, COMMON_ENV, items_of, parse_summary, tail  # noqa: E402
 
 FIGURES = HERE / "results-targets.json"
 RESULTS = HERE / "results.md"
@@ -74,8 +74,6 @@ TARGETS = {"tox_cold": 600.0, "tox_warm": 180.0, "tox_fresh": 600.0, "suite": 18
 #: a tox run whose wall is within this factor of its CPU seconds / cores kept every core
 #: busy (idle under 5 %): "at its floor", the floor of that much work on this machine
 TOX_BUSY_SLACK = 1.05
-#: per-backend settings of tox.ini, applied unless the caller's environment sets them
-BACKEND_ENV = {"torch": {"OMP_NUM_THREADS": "1"}}
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
 #: the same run with cases that do nothing (benchmarks/null_cases.py): the machinery alone
 NULL_CASES = [PYTEST[0], str(HERE / "null_cases.py"), *PYTEST[3:]]
@@ -163,6 +161,8 @@ class Targets:
         # every run after the first imports what a user's installed package imports
         self.env = dict(os.environ, PYTHONPYCACHEPREFIX=str(self.tmp / "pycache"),
                         TF_CPP_MIN_LOG_LEVEL="2")
+        for key, value in COMMON_ENV.items():           # tox.ini's, for every environment
+            self.env.setdefault(key, value)
         self.env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.env.pop("JAX_COMPILATION_CACHE_DIR", None)     # a floor is measured cold
         self.env["ATTENTION_CONFORMANCE_CACHE"] = str(self.tmp / "spec-cache")

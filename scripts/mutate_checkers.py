@@ -17,6 +17,7 @@ runs those files unmutated itself: the suite does, in the same session).
     python scripts/mutate_checkers.py --write-doc docs/contributing.md
     python scripts/mutate_checkers.py --list
     python scripts/mutate_checkers.py --only check_exact --tests tests/test_reference.py
+    python scripts/mutate_checkers.py --only spec_cache. --first-failure   # -x per mutant
 
 Exit status: 0 when every mutant run is pinned, 1 when one is not, 2 on an error (the
 baseline fails, or a mutant could not be applied).
@@ -247,7 +248,8 @@ class Outcome:
         return self.applied and self.returncode == 1 and bool(self.failed)
 
 
-def run_tests(mutant: Mutant | None, files, folder: Path, python: str) -> Outcome:
+def run_tests(mutant: Mutant | None, files, folder: Path, python: str,
+              first_failure: bool = False) -> Outcome:
     env = dict(os.environ)
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
@@ -264,7 +266,8 @@ def run_tests(mutant: Mutant | None, files, folder: Path, python: str) -> Outcom
     start = time.perf_counter()
     done = subprocess.run(
         [python, "-m", "pytest", *files, "-q", "-rfE", "-p", "no:cacheprovider",
-         "-p", "no:xdist", "-p", "no:randomly", "-p", "no:hypothesispytest", "-W", "ignore"],
+         "-p", "no:xdist", "-p", "no:randomly", "-p", "no:hypothesispytest", "-W", "ignore",
+         *(["-x"] if first_failure and mutant else [])],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - start
     applied = mutant is None or (done.returncode != NOT_APPLIED and log.exists()
@@ -305,10 +308,11 @@ def doc_section(outcomes, seconds, cpu, workers) -> str:
             "registries, by name, so a new one is mutated too), runs the test files that pin "
             f"it ({', '.join(f'`{f}`' for f in files)}) in a fresh pytest process, and "
             "requires at least one failure; it exits non-zero if a mutant survives. "
-            "`tests/test_mutation.py` runs it in the suite. When you add a checker, add a "
-            "scenario to `SCENARIOS` in `tests/test_checkers.py` (a right output that passes, "
-            "a wrong one and the message it must fail with) and, for a checker outside the "
-            "registries, a mutant to the script.\n\n"
+            "`tests/test_mutation.py` runs it in the suite on a representative subset, each "
+            "mutant's run stopped at its first failure (`--first-failure`). When you add a "
+            "checker, add a scenario to `SCENARIOS` in `tests/test_checkers.py` (a right "
+            "output that passes, a wrong one and the message it must fail with) and, for a "
+            "checker outside the registries, a mutant to the script.\n\n"
             f"{table(outcomes)}\n\n"
             f"{len(outcomes)} mutants, {sum(o.pinned for o in outcomes)} pinned; "
             f"{seconds:.0f} s with {workers} parallel runs, {cpu:.0f} s of CPU (baseline "
@@ -340,14 +344,17 @@ def main(argv=None) -> int:
                         help="run these test files for every mutant instead of its own "
                              "(to see which files pin what; the suite checks with it that "
                              "a surviving mutant fails the script)")
+    parser.add_argument("--first-failure", action="store_true",
+                        help="stop each mutant's run at its first failing test (enough to "
+                             "show it pinned; the table then names that test alone)")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                         help="skip the unmutated run of the files (the caller runs them "
                              "unmutated itself, as the suite does)")
     args = parser.parse_args(argv)
 
-    if args.write_doc and (args.only or args.tests or not args.baseline):
+    if args.write_doc and (args.only or args.tests or not args.baseline or args.first_failure):
         parser.error("--write-doc writes the table of every mutant, baseline included: "
-                     "not with --only, --tests or --no-baseline")
+                     "not with --only, --tests, --no-baseline or --first-failure")
     chosen = [m for m in mutants() if not args.only or any(m.name.startswith(p) for p in args.only)]
     if args.tests:
         chosen = [Mutant(m.name, m.what, tuple(args.tests)) for m in chosen]
@@ -369,7 +376,8 @@ def main(argv=None) -> int:
                   f"concluded:\n{baseline.output}", file=sys.stderr)
             return 2
         with ThreadPoolExecutor(args.workers) as pool:
-            outcomes = list(pool.map(lambda m: run_tests(m, m.tests, folder, args.python), chosen))
+            outcomes = list(pool.map(lambda m: run_tests(m, m.tests, folder, args.python,
+                                                         args.first_failure), chosen))
     seconds, cpu = time.perf_counter() - start, _child_cpu() - cpu_start
     print(table(outcomes))
     pinned = sum(o.pinned for o in outcomes)

@@ -5,8 +5,14 @@
 # before any in-process run, now that the plugin alone imports nothing.
 import os
 
-import attention_conformance.pytest_cases  # noqa: F401
-import pytest
+# One OpenBLAS thread for NumPy, here (before NumPy is imported) and in every process the
+# tests start, unless OPENBLAS_NUM_THREADS says otherwise: the suite's matrices are tiny,
+# and OpenBLAS's idle threads spin after each call (measured: the suite's CPU 113 s with
+# two threads, 89 s with one). tox.ini sets the same for each certification.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import attention_conformance.pytest_cases  # noqa: E402,F401
+import pytest  # noqa: E402
 
 # No test here is a Hypothesis test, but Hypothesis' pytest plugin imports all of
 # Hypothesis when a session ends (~0.6 s of CPU): keep it out of the pytest runs that the

@@ -181,3 +181,26 @@ def test_a_manifest_that_is_not_text(frozen):
     (directory / "SHA256SUMS").write_bytes(b"\xff\xfe\x00garbage")
     assert failure(case, directory).startswith(
         f"golden data: {directory / 'SHA256SUMS'} cannot be read: UnicodeDecodeError")
+
+
+def test_the_plain_errors_are_the_machines_and_never_a_change(tmp_path):
+    """A plain error (either tier) is the BLAS's own rounding, which moves with its
+    threads: `golden check` does not report it, `regenerate` keeps the frozen one."""
+    spec = tmp_path / "spec"
+    (spec / "cases").mkdir(parents=True)
+    shutil.copy(ROOT / "spec" / "schema.json", spec)
+    (spec / "cases" / "tiny.yaml").write_text(CASES.replace("[float32]", "[float16]"))
+    [case] = load_spec(spec / "cases").cases
+    directory = spec / "golden"
+    golden_freeze.regenerate([case], directory)
+    path = directory / "tiny.npz"
+    data = golden_store.load_topic(directory, "tiny")
+    errors = [k for k in data if k.endswith(golden_freeze.PLAIN_ERRORS)]
+    assert {k.rsplit(".", 1)[1] for k in errors} == {"plain_error", "plain_error_float32"}
+    nudged = dict(data, **{k: data[k] * 1.05 for k in errors})
+    golden_store.write_topic(path, nudged)
+    golden_store.write_manifest(directory)
+    before = path.read_bytes()
+    assert golden_freeze.check([case], directory) == []
+    assert golden_freeze.regenerate([case], directory) == []
+    assert path.read_bytes() == before

@@ -53,9 +53,12 @@ def test_the_representative_mutants_exist():
 
 @pytest.mark.parametrize("name", SUBSET)
 def test_representative_mutant_is_pinned(name):
-    done = script(f"--only={name}", "--workers", "1", "--no-baseline")
+    done = script(f"--only={name}", "--workers", "1", "--no-baseline", "--first-failure")
     found = rows(done.stdout)
     assert found.get(name) == "yes", done.stdout + done.stderr
+    # --first-failure: the run stopped at the first test that failed
+    assert re.search(rf"^\| `{re.escape(name)}` \| [^|]+ \| 1: `", done.stdout, re.MULTILINE), \
+        done.stdout
     assert "no baseline run" in done.stdout, done.stdout
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -75,9 +75,8 @@ def test_every_module_lives_under_one_import_root():
         assert generic not in sys.modules, generic
 
 
-def test_tox_caches_compiled_modules_outside_the_checkout():
-    """README, "compiled modules": tox's environments compile the editable package once,
-    into .tox, rather than in every process (PYTHONDONTWRITEBYTECODE) or into the tree."""
+def _tox_settings() -> dict:
+    """tox.ini's [testenv] set_env, which every environment reads."""
     import configparser
     from pathlib import Path
 
@@ -85,6 +84,22 @@ def test_tox_caches_compiled_modules_outside_the_checkout():
     tox.read(Path(__file__).resolve().parent.parent / "tox.ini")
     settings = dict(line.split("=", 1) for line in tox["testenv"]["set_env"].splitlines()
                     if "=" in line and not line.strip().startswith("#"))
-    settings = {k.strip(): v.strip() for k, v in settings.items()}
+    return {k.strip(): v.strip() for k, v in settings.items()}
+
+
+def test_tox_caches_compiled_modules_outside_the_checkout():
+    """README, "compiled modules": tox's environments compile the editable package once,
+    into .tox, rather than in every process (PYTHONDONTWRITEBYTECODE) or into the tree."""
+    settings = _tox_settings()
     assert settings.get("PYTHONPYCACHEPREFIX") == "{work_dir}{/}pycache", settings
     assert "PYTHONDONTWRITEBYTECODE" not in settings
+
+
+def test_numpy_gets_one_openblas_thread_unless_the_caller_says_otherwise():
+    """README, "one OpenBLAS thread": every tox environment defaults it to 1 and keeps the
+    caller's; so do the suite's own tests, for every process they start (tests/conftest.py)."""
+    assert _tox_settings().get("OPENBLAS_NUM_THREADS") == "{env:OPENBLAS_NUM_THREADS:1}"
+    assert os.environ.get("OPENBLAS_NUM_THREADS"), "tests/conftest.py sets it"
+    seen = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get("
+                           "'OPENBLAS_NUM_THREADS'))"], capture_output=True, text=True, timeout=60)
+    assert seen.stdout.strip() == os.environ["OPENBLAS_NUM_THREADS"]
