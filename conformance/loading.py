@@ -6,7 +6,6 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from .backends import BUILTIN
@@ -20,6 +19,10 @@ class BackendLoadError(Exception):
 
 
 def _entry_points() -> dict:
+    # imported here: a built-in name or a module reference never reads the entry points,
+    # and importlib.metadata costs each backend process ~8 ms to import
+    from importlib.metadata import entry_points
+
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
