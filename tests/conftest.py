@@ -1,8 +1,5 @@
 """Shared fixtures of the suite's own tests."""
 
-# pytester's in-process runs restore sys.modules afterwards, and a C extension such as
-# NumPy cannot be loaded twice in one process: import the runner (and so NumPy) here,
-# before any in-process run, now that the plugin alone imports nothing.
 import os
 
 # One OpenBLAS thread for NumPy, here (before NumPy is imported) and in every process the
@@ -11,6 +8,9 @@ import os
 # two threads, 89 s with one). tox.ini sets the same for each certification.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+# pytester's in-process runs restore sys.modules afterwards, and a C extension such as
+# NumPy cannot be loaded twice in one process: import the runner (and so NumPy) here,
+# before any in-process run, now that the plugin alone imports nothing.
 import attention_conformance.pytest_cases  # noqa: E402,F401
 import pytest  # noqa: E402
 
