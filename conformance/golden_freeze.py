@@ -94,7 +94,7 @@ def _close(old, now, rtol) -> bool:
 def _keep_unchanged(old: dict, new: dict, rtol=GOLDEN_RTOL) -> None:
     """Keep the frozen array where the reference now differs only by its own rounding
     on this machine's BLAS (~1e-16): regenerating then changes only what changed."""
-    for key, now in list(new.items()):
+    for key, now in new.items():
         if key in old and not key.endswith(PLAIN_ERRORS) and _close(old[key], now, rtol):
             new[key] = old[key]
             for error in (key + suffix for suffix in PLAIN_ERRORS):

@@ -157,6 +157,14 @@ def test_each_environment_of_tox_ini_is_measured_and_summed_over_the_cores():
     assert "env_cpu" in targets.UNJUDGED        # reported beside target 1, never judged
 
 
+def test_the_benchmark_applies_the_settings_tox_ini_gives_every_environment():
+    """bench.COMMON_ENV mirrors tox.ini's [testenv] defaults: a run measured outside tox
+    is the run tox makes."""
+    ini = (ROOT / "tox.ini").read_text()
+    for key, value in targets.COMMON_ENV.items():
+        assert f"{key} = {{env:{key}:{value}}}" in ini, key
+
+
 def test_the_checked_in_results_page_is_its_figures_rendered():
     """benchmarks/results.md is what targets.py renders from results-targets.json: no
     figure on the page was edited by hand, none is missing from it."""
