@@ -43,3 +43,10 @@ def profile_counts(cases, profile: str = "quick") -> tuple[int, int]:
     """(cases, tests per backend) of a profile: what list, validate and certify print."""
     chosen = [c for c in cases if in_profile(c, profile)]
     return len(chosen), sum(len(c.variants) * len(c.dtypes) for c in chosen)
+
+
+def test_name(case: Case, variant: Variant, dtype: str) -> str:
+    """A test's name in its case file: ``case-id[variant-dtype]`` (``case-id[dtype]``
+    for a case without variants); its id is ``topic/`` and that."""
+    label = f"{variant.label}-{dtype}" if variant.label else dtype
+    return f"{case.id}[{label}]"

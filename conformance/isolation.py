@@ -15,15 +15,15 @@ cannot exhaust the machine or crash; `restart_every` restarts every N calls as w
 from __future__ import annotations
 
 import math
-import signal
 import subprocess
 import threading
 import time
+from collections import deque
 
 import numpy as np
 
 from . import wire
-from .launch import EARLY_ATTR, kill_group, launch, log_file, remove_log
+from .launch import ending, kill_group, launch, log_file, log_tail, remove_log, stop
 from .loading import BackendLoadError
 from .ops import OPS
 from .outcomes import BackendCrashed, BackendRaised, CheckFailure
@@ -32,18 +32,23 @@ from .timeout import CaseTimeout
 LOAD_SECONDS = 600.0        # importing a framework (and a first compile) can be slow
 STANDBY_CALLS = 500         # a replacement process starts this many calls before a restart
 MAPS_SHARE = 0.8            # a process holding this share of vm.max_map_count is replaced
+#: beyond the first call sent ahead, no more than this many bytes of inputs in flight: the
+#: process writes each answer while this one may be writing the next call, and a socket
+#: holds ~200 KiB each way before a write waits (two writes waiting on each other: a hang)
+AHEAD_BYTES = 32 * 1024
 
 
 class IsolatedBackend:
     def __init__(self, reference: str, *, restart_every: int = 0,
                  restart_above_mib: float = 0, restart_above_maps: int | None = None,
-                 load_timeout=LOAD_SECONDS,
+                 load_timeout=LOAD_SECONDS, ahead: int = 1,
                  device: str | None = None, wait: bool = True, launched=None):
         """wait=False: return once the process is started, and take its declaration in
         wait_loaded(), so that the caller's own start-up overlaps the backend's import.
         restart_every, restart_above_mib, restart_above_maps: 0 turns that restart off;
         restart_above_maps None: MAPS_SHARE of the machine's limit (maps_limit()).
-        launched: (process, connection, log) of a process launch.launch() already started."""
+        launched: (process, connection, log) of a process launch.launch() already started.
+        ahead: how many calls prefetch() may have sent ahead, not yet asked for."""
         self.reference, self.restart_every, self.load_timeout = reference, restart_every, load_timeout
         self.restart_above_mib = restart_above_mib
         self.restart_above_maps = maps_limit() if restart_above_maps is None else restart_above_maps
@@ -53,7 +58,10 @@ class IsolatedBackend:
         self.deadline: float | None = None       # monotonic time by which a call must end
         self.timeout_text = ""
         self.isolated = True
-        self._calls, self._pending = 0, None    # _pending: a call sent ahead (prefetch)
+        self.ahead = ahead
+        self._calls, self._sent_ahead = 0, deque()  # calls sent ahead (prefetch), in order
+        self._parked = []           # (call, answer) of calls sent ahead that others overtook
+        self._held = []             # calls sent ahead and not yet written (flush())
         self._logs = [launched[2] if launched else log_file()]   # a second for a standby
         self._log = self._logs[0]
         self._standby = None                    # (process, connection, log) started ahead
@@ -64,17 +72,8 @@ class IsolatedBackend:
 
     def wait_loaded(self):
         """Take the backend's declaration (BackendLoadError if it failed to load)."""
-        self._declared = self._declaration()
-        for key in ("name", "dtypes", "policy", "versions", "paths"):
-            setattr(self, key, self._declared[key])
-        self.dtypes = frozenset(self.dtypes)
-        if self._declared.get("op_policy"):
-            self.op_policy = self._declared["op_policy"]
-        self.origin_module = self._declared["module"]
-        self.expected_failures_file = self._declared["expected_failures_file"] or None
-        for op in OPS:
-            if op not in self._declared["ops"]:
-                setattr(self, op, None)
+        self.declared = self._declaration()
+        declare(self, self.declared)
 
     # --- the process ------------------------------------------------------------------
     def _launch(self, log):
@@ -98,7 +97,8 @@ class IsolatedBackend:
         self._standby = (*self._launch(log), log)
 
     def _declaration(self) -> dict:
-        self._calls, self._pending = 0, None
+        self._calls, self._held = 0, []
+        self._sent_ahead.clear()
         answer = self._receive(time.monotonic() + self.load_timeout, "loading the backend")
         if "load_error" in answer:
             self.close()
@@ -112,6 +112,7 @@ class IsolatedBackend:
         return declared
 
     def _receive(self, deadline: float | None, doing: str):
+        self.flush()                # an answer can be waited for only once its call is out
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             ready = self._conn.poll(remaining)
@@ -132,21 +133,9 @@ class IsolatedBackend:
             self._kill()
             code = None
         self._proc = None
-        if code is None:
-            how = f"its process stopped answering ({type(exc).__name__}) and was killed"
-        elif code < 0:
-            how = f"its process was killed by signal {_signal_name(-code)} ({-code})"
-        else:
-            how = f"its process exited with code {code}"
-        return f"the backend crashed while {doing}: {how}{self._tail()}"
-
-    def _tail(self) -> str:
-        try:
-            with open(self._log.name, "rb") as f:
-                text = f.read()[-1500:].decode(errors="replace").strip()
-        except OSError:
-            return ""
-        return f"; its last output:\n{text}" if text else ""
+        how = ending(code) if code is not None else \
+            f"its process stopped answering ({type(exc).__name__}) and was killed"
+        return f"the backend crashed while {doing}: {how}{log_tail(self._log)}"
 
     def _kill(self):
         if self._proc is not None:
@@ -165,9 +154,9 @@ class IsolatedBackend:
         retired, self._retired = self._retired, []
         if wait:
             for proc, conn in retired:
-                _stop(proc, conn, wait=2)
+                stop(proc, conn, wait=2)
         elif retired:
-            threading.Thread(target=lambda: [_stop(p, c, wait=2) for p, c in retired],
+            threading.Thread(target=lambda: [stop(p, c, wait=2) for p, c in retired],
                              name="backend-reaper", daemon=True).start()
         for log in self._logs:                      # its last output is no longer asked for
             remove_log(log)
@@ -175,7 +164,8 @@ class IsolatedBackend:
 
     def _retire(self):
         """Tell the current process to stop, and go on without waiting for it to end."""
-        self._pending = None
+        self._sent_ahead.clear()
+        self._held = []
         if self._proc is not None:
             try:
                 wire.send(self._conn, {"stop": True})
@@ -185,15 +175,19 @@ class IsolatedBackend:
         elif self._conn is not None:
             self._conn.close()
         self._proc = self._conn = None
-        self._retired = [(p, c) for p, c in self._retired if not _stop(p, c, wait=0)]
+        self._retired = [(p, c) for p, c in self._retired if not stop(p, c, wait=0)]
 
     # --- calls -------------------------------------------------------------------------
     def call(self, op: str, args, kwargs):
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            if pending.matches(op, args, kwargs):
+        for i, (sent, answer) in enumerate(self._parked):
+            if sent.matches(op, args, kwargs):
+                del self._parked[i]
+                return _result(op, answer)
+        while self._sent_ahead:             # the process answers in the order it was asked
+            sent = self._sent_ahead.popleft()
+            if sent.matches(op, args, kwargs):
                 return self._answer(op)
-            self._discard()
+            self._park(sent)
         if self._proc is None or self._restart_due():
             started = time.monotonic()
             self._retire()
@@ -214,17 +208,24 @@ class IsolatedBackend:
 
     def prefetch(self, op: str, args, kwargs) -> bool:
         """Send a call ahead of time: the backend's process computes it while this one goes
-        on (reporting the last test), and call() with the very same arguments (the same
-        array objects) takes its answer. A call that is never asked for is discarded. Only
-        into a running process, one call ahead; False when nothing was sent."""
-        if self._pending is not None or self._proc is None or self._restart_due():
+        on (checking the outputs of the test before), and call() with the very same
+        arguments (the same array objects) takes its answer, even after other calls
+        overtook it. Up to `ahead` calls, only into a running process; False when nothing
+        was sent (can_prefetch() says whether another call would be)."""
+        size = sum(a.nbytes for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
+        if not self.can_prefetch() or \
+                self._sent_ahead and self._bytes_ahead() + size > AHEAD_BYTES:
             return False
-        try:
-            self._send(op, args, kwargs)
-        except BackendCrashed:
-            return False                        # the next call finds the process gone
-        self._pending = _Pending(op, args, kwargs)
+        self._send(op, args, kwargs, hold=True)   # written by flush(), or before any wait
+        self._sent_ahead.append(_Pending(op, args, kwargs, size))
         return True
+
+    def can_prefetch(self) -> bool:
+        return len(self._sent_ahead) < self.ahead and self._proc is not None \
+            and not self._restart_due() and self._bytes_ahead() < AHEAD_BYTES
+
+    def _bytes_ahead(self) -> int:
+        return sum(sent.size for sent in self._sent_ahead)
 
     def _restart_due(self) -> bool:
         return bool(self.restart_every and self._calls >= self.restart_every) \
@@ -245,7 +246,8 @@ class IsolatedBackend:
             return 0.0
         return self._held_mib - self._loaded_mib
 
-    def _send(self, op, args, kwargs):
+    def _send(self, op, args, kwargs, hold: bool = False):
+        """Write a call to the process; hold=True keeps it for flush() instead."""
         self._calls += 1
         if self.restart_every and self._standby is None and \
                 self._calls >= self.restart_every - STANDBY_CALLS:
@@ -254,40 +256,61 @@ class IsolatedBackend:
         params = {}
         for key, value in kwargs.items():
             (arrays if isinstance(value, np.ndarray) else params)[key] = value
-        try:
-            wire.send(self._conn, {"op": op, "arrays": arrays, "params": params})
-        except (OSError, EOFError) as exc:
-            raise BackendCrashed(self._death(f"receiving {op}", exc)) from None
+        self._held.append({"op": op, "arrays": arrays, "params": params})
+        if not hold:
+            self.flush()
 
-    def _discard(self):
-        """Wait out a call sent ahead that was not asked for: its answer is dropped, and a
-        process that hangs or dies on it is replaced, blamed on no test (the test it was
-        for did not run it). Its time is not the next call's."""
+    def flush(self):
+        """Write the calls held (prefetch) in one message: the process, which may be
+        asleep, is woken once for all of them, and answers each on its own."""
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        try:
+            wire.send(self._conn, held[0] if len(held) == 1 else {"batch": held})
+        except (OSError, EOFError) as exc:
+            self._sent_ahead.clear()
+            raise BackendCrashed(self._death(f"receiving {held[-1]['op']}", exc)) from None
+
+    def _park(self, sent):
+        """Another call overtakes a call sent ahead: wait for the answer of the one ahead,
+        and keep it for the call it was sent for. A process that hangs or dies on it is
+        replaced, blamed on no test, and the calls sent after it are lost (each call it
+        was for asks again, in the fresh process, and meets the same end: that is its
+        test's). Its time is not the overtaking call's."""
         started = time.monotonic()
         try:
-            self._note_holdings(self._receive(self.deadline, "computing a call sent ahead"))
+            answer = self._receive(self.deadline, "computing a call sent ahead")
+            self._note_holdings(answer)
+            self._parked = [*self._parked[-2 * self.ahead:], (sent, answer)]
         except (CaseTimeout, BackendCrashed):
             self._kill()
+            self._sent_ahead.clear()
         if self.deadline is not None:
             self.deadline += time.monotonic() - started
 
 
-def take_early(config) -> "IsolatedBackend | None":
-    """The backend whose process launch.start_early() started for this config, once;
-    None if none was."""
-    early = config.__dict__.pop(EARLY_ATTR, None)
-    if early is None:
-        return None
-    reference, device, options, launched = early
-    return IsolatedBackend(reference, device=device, wait=False, launched=launched, **options)
+def declare(backend, declared: dict) -> None:
+    """Give an object the attributes of a backend's declaration (worker.declaration()):
+    name, dtypes, policy, versions, paths, op_policy; None for each op it lacks."""
+    for key in ("name", "dtypes", "policy", "versions", "paths"):
+        setattr(backend, key, declared[key])
+    backend.dtypes = frozenset(backend.dtypes)
+    if declared.get("op_policy"):
+        backend.op_policy = declared["op_policy"]
+    backend.origin_module = declared["module"]
+    backend.expected_failures_file = declared["expected_failures_file"] or None
+    for op in OPS:
+        if op not in declared["ops"]:
+            setattr(backend, op, None)
 
 
 class _Pending:
     """A call sent ahead: it answers a later call with the same op, the same array objects
     (identity: comparing contents would cost what the call saves) and equal params."""
 
-    def __init__(self, op, args, kwargs):
-        self.op, self.args, self.kwargs = op, tuple(args), dict(kwargs)
+    def __init__(self, op, args, kwargs, size=0):
+        self.op, self.args, self.kwargs, self.size = op, tuple(args), dict(kwargs), size
 
     def matches(self, op, args, kwargs) -> bool:
         return (op == self.op and len(args) == len(self.args)
@@ -303,27 +326,6 @@ def _same(a, b) -> bool:
         return type(a) is type(b) and bool(a == b)
     except Exception:
         return False
-
-
-def _stop(proc, conn, wait: float) -> bool:
-    """Has a process told to stop ended? After `wait` seconds it is killed (wait > 0)."""
-    try:
-        proc.wait(timeout=wait) if wait else None
-    except subprocess.TimeoutExpired:
-        pass
-    if proc.poll() is None:
-        if not wait:
-            return False
-        kill_group(proc)
-    conn.close()
-    return True
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return "?"
 
 
 def _memory_mib(answer: dict, otherwise=None) -> float | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 PROFILES = ("quick", "long", "all")
 #: a backend's process that has grown by this many MiB since its load is replaced: a
 #: leak, not a case (a quick case needs tens of MiB); a restart costs a framework's import
@@ -63,18 +65,24 @@ def pytest_addoption(parser):
                     help="write this backend's results (JSON and Markdown) into DIR")
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     """A certification imports no conftest.py: a spec folder is data, and a conftest.py
     planted in it (or above it) must not run. An isolated run starts the backend's
-    process here, the earliest hook that knows the options, so that the framework's
-    import (seconds) overlaps the rest of pytest's start-up and the spec's loading."""
+    process here, the earliest hook that knows the options (before every other plugin's
+    part of this hook), so that the framework's import (seconds) overlaps the rest of
+    pytest's start-up and the spec's loading: the judge's process, which starts the
+    backend's first thing (judge_process.py). Isolated, nothing of a test runs in
+    pytest's own process (the backend's and the judge's output go to logs of their own),
+    so pytest captures nothing there: capturing each test cost ~0.1 ms."""
     known = early_config.known_args_namespace
     if getattr(known, "backend", None):
         known.noconftest = True
         if not known.in_process:
-            from .launch import isolation_options, start_early    # no NumPy yet
-            start_early(early_config, known.backend,
-                        **isolation_options(lambda name: getattr(known, name)))
+            known.capture = "no"
+            from .launch import judge_options, start_early    # no NumPy yet
+            start_early(early_config, judge_options(lambda name: getattr(known, name)))
+    return (yield)
 
 
 def pytest_configure(config):

@@ -8,59 +8,77 @@ variant or dtype.
 
 from __future__ import annotations
 
-import contextlib
-import time
-import traceback
+import gc
 import warnings
 from pathlib import Path
 
 import pytest
 
-from .case import in_profile
+from .case import in_profile, test_name
 from .expected import expected_for
 from .golden_compute import rounded_inputs
 from .golden_store import GoldenStore
 from .interface import describe
-from .isolation import IsolatedBackend, take_early
-from .launch import isolation_options
+from .judge import Judge, take_early
+from .launch import judge_options
 from .loading import BackendLoadError, load_backend
-from .outcomes import BackendCrashed, BackendRaised, CheckFailure, SuiteError, Unsupported
+from .outcomes import CheckFailure, SuiteError
 from .report import summary_lines, write_backend_report
 from .results import ResultLog, record_for
-from .runner import run_case, send_ahead
 from .spec_folder import SpecFolder
 from .spec_loader import SpecError, load_spec
 from .spec_yaml import printable
-from .timeout import CaseTimeout, time_limit
+from .timeout import CaseTimeout
+from .verdict import verdict_of
 
 
 class State:
-    """What the plugin holds for one session."""
+    """What the plugin holds for one session. Isolated, the backend's declaration (its
+    name, dtypes, policy: info, expected failures and the results log) is taken only when
+    first needed, after collection, so that pytest collects while the framework imports."""
 
     def __init__(self, config):
         self.config = config
-        reference = config.getoption("backend")
         isolated = not config.getoption("in_process")
-        if isolated:    # its process imports the framework while this one loads the spec
-            self.backend = take_early(config) or IsolatedBackend(
-                reference, wait=False, **isolation_options(config.getoption))
+        self.judge = None       # isolated: the judge's process runs and checks every test
+        if isolated:    # the framework imports in the backend's process as this one starts
+            self.judge = self.backend = take_early(config) or Judge(
+                judge_options(config.getoption), wait=False)
         else:
-            self.backend = load_backend(reference, config.getoption("device"))
+            self.backend = load_backend(config.getoption("backend"), config.getoption("device"))
         try:
             self.folder = SpecFolder.from_option(config.getoption("spec_dir"))
             self.cases_dir = self.folder.cases_dir
             self.spec = load_spec(self.folder, cache=True)
             self.golden = GoldenStore.of(self.folder)
-            if isolated:
-                self.backend.wait_loaded()
         except BaseException:
             if isolated:
-                self.backend.close()
+                self.judge.close()
             raise
-        self.info = describe(self.backend)
-        self.expected = expected_for(self.backend, config.getoption("expected_failures"))
-        self.log = ResultLog(self.info, self.spec, spec_dir=self.folder.root,
-                             selection=_selection(config))
+        self.interrupted = False
+        self._declared = None           # True once taken, False if the backend failed to load
+        if not isolated:
+            self.declared()
+
+    def declared(self) -> "State":
+        """The backend's declaration taken (once): info, expected, log."""
+        if self._declared is False:
+            raise pytest.UsageError("the backend failed to load (see above)")
+        if self._declared is None:
+            if self.judge is not None:
+                try:
+                    self.judge.wait_loaded()
+                except BackendLoadError as exc:
+                    self._declared = False
+                    self.judge.close()
+                    raise pytest.UsageError(str(exc)) from None
+            self._declared = True
+            self.info = describe(self.backend)
+            self.expected = expected_for(self.backend,
+                                         self.config.getoption("expected_failures"))
+            self.log = ResultLog(self.info, self.spec, spec_dir=self.folder.root,
+                                 selection=_selection(self.config))
+        return self
 
 
 def _selection(config) -> dict:
@@ -72,7 +90,6 @@ def _selection(config) -> dict:
 
 _STATE = pytest.StashKey["State"]()
 _COLLECTOR = pytest.StashKey["_Collector"]()
-_NEXT_ITEM = pytest.StashKey["pytest.Item | None"]()
 
 
 def start(config):
@@ -95,6 +112,13 @@ def _errors_outside_case_files(state) -> list:
 
 def _state(config) -> State | None:
     return config.stash.get(_STATE, None)
+
+
+def _declared(config) -> State | None:
+    """The state with the backend's declaration taken; None without a run, or when the
+    backend failed to load (a usage error, already raised)."""
+    state = _state(config)
+    return state.declared() if state is not None and state._declared is not False else None
 
 
 def pytest_ignore_collect(collection_path: Path, config):
@@ -137,8 +161,7 @@ class CaseFile(pytest.File):
                 for dtype in case.dtypes:
                     if dtypes and dtype not in dtypes:
                         continue
-                    label = f"{variant.label}-{dtype}" if variant.label else dtype
-                    yield CaseItem.from_parent(self, name=f"{case.id}[{label}]", case=case,
+                    yield CaseItem.from_parent(self, name=test_name(case, variant, dtype), case=case,
                                                variant=variant, dtype=dtype)
 
 
@@ -172,87 +195,43 @@ class CaseItem(pytest.Item):
         self.test_id = f"{case.topic}/{self.name}"
         self.add_marker("conformance")
 
-    prepared = None             # this test's inputs, when its first call was sent ahead
-
     def runtest(self):
-        state = _state(self.config)
-        try:
-            self._run(state)
-        finally:
-            self._send_next_ahead(state.backend)
+        verdict = verdict_for(self, _state(self.config))
+        status, message, seconds = verdict["status"], verdict["message"], verdict["seconds"]
+        if status == "pass":
+            self._record("pass", "", seconds, verdict["ratio"])
+        elif status == "unsupported":
+            self._record("unsupported", message, seconds)
+            pytest.skip(f"unsupported: {message}")
+        elif status == "crash":             # never an expected failure
+            self._record("crash", message, seconds)
+            raise CheckFailure(message)
+        elif status in ("fail", "timeout"):
+            self._failed(message, seconds, status)
+            failure = CaseTimeout(message) if status == "timeout" else CheckFailure(message)
+            failure.cause = verdict["cause"]
+            raise failure
+        else:                               # the suite's own error: never the backend's
+            self._record("fail", message, seconds)
+            raise SuiteError(message + ("\n" + verdict["cause"] if verdict["cause"] else ""))
 
-    def _run(self, state):
-        start = time.perf_counter()
-        prepared, self.prepared = self.prepared, None
-        try:
-            with self._time_limit(state.backend):
-                result = run_case(state.backend, self.case, self.variant, self.dtype, state.golden,
-                                  prepared)
-        except Unsupported as exc:
-            self._record("unsupported", str(exc), start)
-            pytest.skip(f"unsupported: {exc}")
-        except BackendCrashed as exc:        # never an expected failure
-            self._record("crash", str(exc), start)
-            raise CheckFailure(str(exc)) from None
-        except CaseTimeout as exc:
-            self._failed(str(exc), start, status="timeout")
-            raise
-        except CheckFailure as exc:
-            self._failed(str(exc), start)
-            raise
-        except BackendRaised as exc:
-            message = f"the backend raised {exc}"
-            if exc.remote_traceback:
-                message += "\n" + exc.remote_traceback.rstrip()
-            self._failed(message, start)
-            raise CheckFailure(message) from exc.__cause__
-        except Exception as exc:       # the suite's own code: never blamed on the backend
-            message = (f"suite error on case {self.case.id} ({self.case.where()}): "
-                       f"{type(exc).__name__}: {exc}")
-            self._record("fail", message, start)
-            raise SuiteError(message) from exc
-        self._record("pass", "", start, result.worst_ratio)
-
-    def _send_next_ahead(self, backend):
-        """Isolated, the next test's first call goes to the backend's process now and is
-        computed there while pytest reports this test (two processes, two cores)."""
-        following = self.stash.get(_NEXT_ITEM, None)
-        if not getattr(backend, "isolated", False) or not isinstance(following, CaseItem):
-            return
-        try:
-            following.prepared = send_ahead(backend, following.case, following.variant,
-                                            following.dtype)
-        except Exception:         # that test meets the same error again, and reports it
-            following.prepared = None
-
-    def _time_limit(self, backend):
-        """The case's deadline: kept by the backend's process when isolated (it is killed
-        at the deadline, even inside native code), else a timer in this process."""
-        seconds = self.config.getoption("case_timeout")
-        if not getattr(backend, "isolated", False):
-            return time_limit(seconds)
-        backend.deadline = time.monotonic() + seconds if seconds else None
-        backend.timeout_text = f"the backend did not return within {seconds:g} s (--case-timeout)"
-        return contextlib.nullcontext()
-
-    def _failed(self, message, start, status="fail"):
+    def _failed(self, message, seconds, status="fail"):
         """Record a failure; one an expected-failure entry names by its message is xfail."""
-        entry = _state(self.config).expected.find_by_message(
+        entry = _declared(self.config).expected.find_by_message(
             self.test_id, self.case.op, self.dtype, message)
         if entry is not None:
             self.expected_reason = entry.reason
-        self._record(status, message, start)
+        self._record(status, message, seconds)
         if entry is not None:
             pytest.xfail(f"{entry.reason} [{message.splitlines()[0][:200]}]")
 
-    def _record(self, status, message, start, ratio=0.0):
+    def _record(self, status, message, seconds, ratio=0.0):
         """Kept on the item; pytest_runtest_makereport puts it on the test report, so
         that it reaches the results log in the main process, with or without xdist."""
-        self.conformance_record = record_for(self, status, message,
-                                             time.perf_counter() - start, ratio)
+        self.conformance_record = record_for(self, status, message, seconds, ratio)
 
     def header(self) -> str:
-        state = _state(self.config)
+        state = _declared(self.config)
         try:
             shapes = ", ".join(f"{n} {tuple(a.shape)}" for n, a in
                                rounded_inputs(self.case, self.variant, self.dtype).items())
@@ -276,8 +255,7 @@ class CaseItem(pytest.Item):
             detail = f"the suite failed on this case: {type(error).__name__}: {error}"
             return detail + "\n" + self.header() + str(excinfo.getrepr(style="short"))
         lines = str(error).rstrip().splitlines() or ["(no message)"]
-        if error.__cause__ is not None:
-            lines += "".join(traceback.format_exception(error.__cause__, limit=-3)).splitlines()
+        lines += getattr(error, "cause", "").splitlines()
         if self.config.get_verbosity() < 0:
             header = self.header().splitlines()[0]
             more = f" ({len(lines) - 1} more lines in the report, or rerun without -q)" \
@@ -291,7 +269,7 @@ class CaseItem(pytest.Item):
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    state = _state(config)
+    state = _declared(config)
     if not state:
         return
     for item in items:
@@ -308,10 +286,39 @@ def pytest_collection_modifyitems(session, config, items):
                               pytest.PytestWarning)
 
 
+def verdict_for(item: CaseItem, state: State) -> dict:
+    """The test's verdict: the judge's (isolated), or judged here (--in-process)."""
+    timeout = item.config.getoption("case_timeout")
+    if state.judge is not None:
+        return state.judge.verdict(item.test_id, timeout)
+    return verdict_of(state.backend, item.case, item.variant, item.dtype, state.golden, timeout)
+
+
+def ask_ahead(state: State, items) -> None:
+    """Have the judge judge these tests ahead of the run, in this order."""
+    if state.judge is not None:
+        state.judge.ask([i.test_id for i in items if isinstance(i, CaseItem)],
+                        state.config.getoption("case_timeout"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """The judge is asked for every test the run will make, in order, before the first
+    runs (under pytest-xdist a worker learns its tests one by one: see below)."""
+    state = _declared(session.config)
+    if state and not session.config.option.collectonly \
+            and not hasattr(session.config, "workerinput"):
+        ask_ahead(state, session.items)
+    if state:
+        gc.freeze()     # the spec and the items stay: collections need not walk them again
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Note the test that runs next (what CaseItem sends ahead); the protocol goes on."""
-    item.stash[_NEXT_ITEM] = nextitem
+    """Under pytest-xdist, the judge is asked for each test and the next as they come."""
+    state = _state(item.config)
+    if state and hasattr(item.config, "workerinput"):
+        ask_ahead(state, [item, nextitem])
 
 
 @pytest.hookimpl(wrapper=True)
@@ -344,6 +351,7 @@ class _Collector:
         self.selected.update(i for i in ids if "::" in i and "spec-error:" not in i)
 
     def pytest_runtest_logreport(self, report):
+        self.state.declared()
         entry = getattr(report, "conformance", None)
         if entry is not None and report.nodeid not in self.recorded:
             self.recorded.add(report.nodeid)
@@ -353,7 +361,7 @@ class _Collector:
             self.state.log.add(_error_record(report))
 
     def pytest_keyboard_interrupt(self, excinfo):
-        self.state.log.interrupted = True
+        self.state.interrupted = True
 
     def not_run(self) -> list[str]:
         return sorted(self.selected - self.recorded)
@@ -373,9 +381,12 @@ def _error_record(report) -> dict:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    state = _state(config)
-    if not state or hasattr(config, "workerinput"):  # an xdist worker: the main process reports
+    if hasattr(config, "workerinput"):              # an xdist worker: the main process reports
         return
+    state = _declared(config)
+    if not state:
+        return
+    state.log.interrupted = state.interrupted
     collector = config.stash.get(_COLLECTOR, None)
     missing = collector.not_run() if collector else []
     state.log.not_run = len(missing)
@@ -404,5 +415,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_unconfigure(config):
     state = _state(config)
-    if state is not None and isinstance(state.backend, IsolatedBackend):
-        state.backend.close(wait=False)     # the backend's own process: not waited for
+    if state is not None and state.judge is not None:
+        state.judge.close(wait=False)       # the judge's and the backend's processes

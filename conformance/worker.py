@@ -3,8 +3,9 @@
 
 The runner (isolation.py) starts it with one end of a socket pair as FD. It loads the
 backend, answers with its declaration, then serves calls until told to stop: each
-request is an op with its arrays and params, each answer the outputs, or what went
-wrong (unsupported, the exception raised, an input written into). Nothing is judged
+request is an op with its arrays and params (or a batch of such, answered one by one),
+each answer the outputs, or what went wrong (unsupported, the exception raised, an input
+written into). Nothing is judged
 here: the runner checks every output in its own process.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -26,6 +26,7 @@ except ImportError:             # not on Windows
 from . import wire
 from .calling import assert_unchanged, call_arguments, snapshot, unaccepted, unaccepted_text
 from .interface import op_policy
+from .launch import end_with_parent
 from .loading import BackendLoadError, load_backend
 from .ops import OPS
 from .outcomes import CheckFailure
@@ -135,19 +136,9 @@ def serve_one(backend, request: dict):
     return {"outputs": result}
 
 
-def _end_with_the_runner(runner: int, every: float = 0.5) -> None:
-    """A daemon thread that ends this process once its runner has gone (killed, say), even
-    mid-call: the socket would tell only at the next read."""
-    def watch():
-        while os.getppid() == runner:
-            time.sleep(every)
-        os._exit(3)
-    threading.Thread(target=watch, name="runner-watch", daemon=True).start()
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    _end_with_the_runner(os.getppid())
+    end_with_parent()          # its runner: the judge's process, or any IsolatedBackend's
     conn = Connection(int(argv[0]))
     try:
         backend = load_backend(argv[1], argv[2] if len(argv) > 2 else None)
@@ -167,13 +158,14 @@ def main(argv=None) -> int:
             return 0
         if request.get("stop"):
             return 0
-        answer = serve_one(backend, request)
-        answer["memory_mib"] = memory_mib()
-        answer["maps"] = counter.count()
-        try:
-            wire.send(conn, answer)
-        except Exception as exc:           # outputs that cannot be sent at all
-            wire.send(conn, {"raised": f"the outputs could not be sent: {_text(exc)}"})
+        for one in request["batch"] if "batch" in request else [request]:
+            answer = serve_one(backend, one)
+            answer["memory_mib"] = memory_mib()
+            answer["maps"] = counter.count()
+            try:
+                wire.send(conn, answer)
+            except Exception as exc:           # outputs that cannot be sent at all
+                wire.send(conn, {"raised": f"the outputs could not be sent: {_text(exc)}"})
 
 
 if __name__ == "__main__":

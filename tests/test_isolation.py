@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from attention_conformance import plugin
-from attention_conformance.isolation import IsolatedBackend, take_early
+from attention_conformance.isolation import IsolatedBackend
+from attention_conformance.judge import take_early
 from attention_conformance.launch import EARLY_ATTR
 from attention_conformance.loading import BackendLoadError, load_backend
 
@@ -49,6 +50,10 @@ FAULTS = {
     "seterr_raise.py:SetsErrRaise": ("pass", "", ()),
     "stray_thread.py:StrayThread": ("pass", "", ()),
     "leaks.py:Leaks": ("pass", "", ("--restart-above", "100")),     # restarted every 2 calls
+    "kills_its_runner.py:KillsItsRunner": (     # a fresh judge for each test after
+        "crash", "the judge's process (the suite's own: it runs the backend's process and "
+        "checks its outputs) died while judging this test: its process was killed by signal "
+        "SIGKILL (9)", ()),
 }
 
 
@@ -376,40 +381,44 @@ EARLY_REFERENCE = "numpy"
 
 def _early(in_process=False):
     config = _EarlyConfig(backend=EARLY_REFERENCE, in_process=in_process, device=None,
-                          restart_every=0, restart_above=0)
-    plugin.pytest_load_initial_conftests(early_config=config, parser=None, args=[])
-    return config
+                          restart_every=0, restart_above=0, spec_dir=None, capture="fd")
+    next(plugin.pytest_load_initial_conftests(early_config=config, parser=None, args=[]))
+    return config       # the plugin's part of the hook is done when it yields (a wrapper)
 
 
-def test_an_isolated_run_starts_the_backend_process_before_pytest_configures():
-    """The framework's import overlaps pytest's start-up: the process is running when
-    the options are first known, and the run takes it, once."""
+def test_an_isolated_run_starts_the_judge_before_pytest_configures():
+    """The framework's import overlaps pytest's start-up: the judge's process (which
+    starts the backend's) is running when the options are first known, and the run takes
+    it, once."""
     config = _early()
-    backend = take_early(config)
+    judge = take_early(config)
     try:
-        assert backend is not None and backend._proc.poll() is None
+        assert judge is not None and judge._proc.poll() is None
         assert take_early(config) is None
-        backend.wait_loaded()                      # it declares what the adapter declares
+        judge.wait_loaded()                      # it declares what the adapter declares
         declared = load_backend(EARLY_REFERENCE)
-        assert (backend.name, backend.dtypes) == (declared.name, frozenset(declared.dtypes))
+        assert (judge.name, judge.dtypes) == (declared.name, frozenset(declared.dtypes))
     finally:
-        backend.close()
+        judge.close()
     assert config.known_args_namespace.noconftest is True
+    assert config.known_args_namespace.capture == "no"      # nothing of a test runs here
 
 
-def test_the_backend_process_starts_before_the_runner_imports_numpy():
-    """The plugin launches the backend's process with the standard library alone, so
-    the framework's import there starts before the runner's own imports do."""
+def test_the_judge_process_starts_before_the_runner_imports_numpy():
+    """The plugin launches the judge's process with the standard library alone, so the
+    framework's import (in the backend's process, the judge's first act) starts before
+    the runner's own imports do."""
     script = f"""
 import argparse, sys
 from attention_conformance import plugin
 class Config:
     known_args_namespace = argparse.Namespace(backend="numpy", in_process=False, device=None,
-                                              restart_every=0, restart_above=0)
+                                              restart_every=0, restart_above=0, spec_dir=None,
+                                              capture="fd")
     def add_cleanup(self, func): self.cleanup = func
 config = Config()
-plugin.pytest_load_initial_conftests(early_config=config, parser=None, args=[])
-process = getattr(config, {EARLY_ATTR!r})[3][0]
+next(plugin.pytest_load_initial_conftests(early_config=config, parser=None, args=[]))
+process = getattr(config, {EARLY_ATTR!r})[1][0]
 print(process.poll() is None, "numpy" in sys.modules)
 config.cleanup()
 """
@@ -421,7 +430,7 @@ config.cleanup()
 
 def test_a_process_started_early_that_no_run_takes_is_stopped_at_cleanup():
     config = _early()
-    process, _, log = getattr(config, EARLY_ATTR)[3]
+    process, _, log = getattr(config, EARLY_ATTR)[1]
     pid = process.pid
     for cleanup in config.cleanups:
         cleanup()
@@ -433,19 +442,25 @@ def test_a_process_started_early_that_no_run_takes_is_stopped_at_cleanup():
 
 
 def test_an_in_process_run_starts_no_process_early():
-    assert take_early(_early(in_process=True)) is None
+    config = _early(in_process=True)
+    assert take_early(config) is None
+    assert config.known_args_namespace.capture == "fd"      # the backend runs (and prints) here
 
 
 def test_tests_whose_calls_are_sent_ahead_keep_their_own_statuses(tmp_path, worked_examples_spec):
-    """The third sdpa call of each backend process segfaults, the first call of the second
-    test, sent ahead while the first test was reported: that test crashes, no other."""
-    done, report = certify(tmp_path, "sent_ahead.py:CrashesOnThirdSdpa", worked_examples_spec)
+    """The backend's process segfaults in sdpa on the D8 variants' inputs. The judge sends
+    the next tests' first calls ahead while it checks the test before, so a D8 call kills
+    the process while a D64 test is being judged: that test passes all the same, and
+    each D8 test makes its call again, in a fresh process, and crashes on its own call."""
+    done, report = certify(tmp_path, "sent_ahead.py:CrashesOnD8", worked_examples_spec)
     assert report is not None, (done.stdout + done.stderr)[-3000:]
     statuses = {(r["variant"], r["dtype"]): r["status"] for r in report["results"]}
-    assert statuses == {                    # in the order they run, one process each two
-        ("Lq3-Lk4-D64", "float64"): "pass", ("Lq3-Lk4-D64", "float32"): "crash",
-        ("Lq3-Lk4-D8", "float64"): "pass", ("Lq3-Lk4-D8", "float32"): "crash",
+    assert statuses == {
+        ("Lq3-Lk4-D64", "float64"): "pass", ("Lq3-Lk4-D64", "float32"): "pass",
+        ("Lq3-Lk4-D8", "float64"): "crash", ("Lq3-Lk4-D8", "float32"): "crash",
         ("", "float64"): "pass", ("", "float32"): "pass"}, statuses
+    for crash in (r for r in report["results"] if r["status"] == "crash"):  # its own call
+        assert "SIGSEGV" in crash["message"] and "while computing sdpa" in crash["message"]
 
 
 def test_in_process_mode_still_runs(tmp_path, worked_examples_spec):

@@ -32,7 +32,7 @@ LAYERS = [
     ("checks", {"context", "comparison", "statistics", "properties", "checks"}),
     ("loading and validation", {"validation", "spec_schema", "spec_cache", "spec_loader",
                                 "expected"}),
-    ("running a case", {"runner"}),
+    ("running a case", {"runner", "verdict", "judge_process", "judge"}),
     ("results and reports", {"results", "report", "report_html", "export", "api", "fuzz"}),
     ("plugin and command line", {"plugin", "pytest_cases", "cli", "__main__"}),
 ]

@@ -2,8 +2,9 @@
 
 Counts: sdpa answers with the number of sdpa calls its process has computed (so a test
 sees which call was computed when), hangs when q starts with 42 and segfaults when it
-starts with 13. CrashesOnThirdSdpa: a correct NumPy backend whose process segfaults on
-its third sdpa call (a worked example's sdpa test makes two: the case's, a property's).
+starts with 13. CrashesOnD8: a correct NumPy backend whose process segfaults in sdpa
+when the head dimension is 8 (the D8 variants of a worked example), wherever the call is
+in the order the judge sends calls ahead.
 """
 
 import ctypes
@@ -28,12 +29,10 @@ class Counts(NumpyBackend):
         return np.full(q.shape, Counts.calls, dtype=q.dtype)
 
 
-class CrashesOnThirdSdpa(NumpyBackend):
-    name = "faulty-crashes-on-third-sdpa"
-    calls = 0
+class CrashesOnD8(NumpyBackend):
+    name = "faulty-crashes-on-d8"
 
     def sdpa(self, q, k, v, **kw):
-        CrashesOnThirdSdpa.calls += 1
-        if CrashesOnThirdSdpa.calls == 3:
+        if q.shape[-1] == 8:
             ctypes.string_at(0)
         return super().sdpa(q, k, v, **kw)

@@ -1,0 +1,196 @@
+"""The judge: ``python -m attention_conformance.judge_process FD OPTIONS`` (OPTIONS: the
+JSON of launch.judge_options()).
+
+An isolated certification run (pytest_cases.py) starts it as early as it starts
+anything, and asks it for the tests it will run, in their order. The judge runs and
+judges them ahead of the run, each as verdict.verdict_of does in-process, and answers
+each with its verdict, while the run's own process reports the tests before: the checks
+of one test and pytest's report of another take two cores. It is the suite's own code;
+the backend runs in a process of the judge's own (isolation.py), started first thing,
+before this process imports NumPy and loads the spec, so that the framework's import
+overlaps both.
+
+Messages (wire.py): runner -> judge {"run": [test id, ...], "timeout": seconds} and
+{"stop": true}; judge -> runner {"declared": {...}} or {"load_error": "..."} once, then
+{"verdicts": [[test id, {...}], ...]} for the tests asked, in the order asked (batches:
+_Answers). A test id is
+``topic/`` + case.test_name().
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import signal
+import sys
+import time
+from collections import deque
+from itertools import islice
+from multiprocessing.connection import Connection
+
+from .launch import end_with_parent, kill_group, launch, log_file, remove_log
+
+#: how many tests' first calls the judge keeps sent ahead to the backend's process: it
+#: computes them while the judge checks, and seldom waits idle for a message (waking a
+#: sleeping process costs the sender ~50-100 us on a virtual machine)
+AHEAD = 4
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the runner's to handle
+    signal.signal(signal.SIGTERM, _exit)                # the runner's close(): clean up
+    end_with_parent()
+    conn, options = Connection(int(argv[0])), json.loads(argv[1])
+    log = log_file()
+    launched, backend = (*launch(options["reference"], options.get("device"), log), log), None
+    try:
+        from . import wire                              # the backend is loading meanwhile
+        from .isolation import IsolatedBackend
+        backend = IsolatedBackend(options["reference"], device=options.get("device"), ahead=AHEAD,
+                                  restart_every=options.get("restart_every") or 0,
+                                  restart_above_mib=options.get("restart_above_mib") or 0,
+                                  wait=False, launched=launched)
+        loaded = _load(backend, options.get("spec_dir"))
+        wire.send(conn, loaded[0])
+        if "declared" in loaded[0]:
+            gc.freeze()         # the spec stays: collections need not walk it again
+            serve(conn, backend, *loaded[1:])
+    except (EOFError, OSError):                         # the runner has gone
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # nothing cuts the clean-up short
+        if backend is not None:
+            backend.close(wait=False)
+        else:
+            kill_group(launched[0])
+            remove_log(log)
+    return 0
+
+
+def _exit(signum, frame):
+    """SIGTERM (the runner's close(), maybe mid-test): end through main's clean-up."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(0)
+
+
+def _load(backend, spec_dir) -> tuple:
+    """(the first message, the tests by id, the golden store): the spec loads while the
+    backend's process imports its framework."""
+    from .golden_store import GoldenStore
+    from .loading import BackendLoadError
+    from .outcomes import BackendCrashed
+    from .spec_folder import SpecFolder
+    from .spec_loader import load_spec
+    from .timeout import CaseTimeout
+    try:
+        folder = SpecFolder.from_option(spec_dir)
+        tests, golden = tests_by_id(load_spec(folder, cache=True)), GoldenStore.of(folder)
+    except Exception as exc:
+        return ({"load_error": f"the judge could not load the spec: {type(exc).__name__}: {exc}"},)
+    try:
+        backend.wait_loaded()
+    except (BackendLoadError, BackendCrashed, CaseTimeout) as exc:
+        return ({"load_error": str(exc)},)
+    return {"declared": backend.declared}, tests, golden
+
+
+def tests_by_id(spec) -> dict:
+    """test id -> (case, variant, dtype), for every test of every profile."""
+    from .case import test_name
+    return {f"{case.topic}/{test_name(case, variant, dtype)}": (case, variant, dtype)
+            for case in spec.cases for variant in case.variants for dtype in case.dtypes}
+
+
+def serve(conn, backend, tests: dict, golden) -> None:
+    """Judge the tests asked, in order, until told to stop. Each test's first call is sent
+    to the backend's process (runner.send_ahead) as soon as the test before has its first
+    answer, so that the backend computes it while that test's outputs are checked."""
+    from . import wire
+    from .verdict import verdict_of
+    queue, timeout, answers = deque(), 0.0, _Answers(conn)
+    ahead = _Ahead(backend, tests, queue)
+    while True:
+        if not queue:
+            answers.flush()
+        while not queue or conn.poll(0):            # take what was asked, waiting if idle
+            message = wire.receive(conn)
+            if message.get("stop"):
+                return
+            queue.extend(message.get("run", ()))
+            timeout = message.get("timeout", timeout)
+        test_id = queue.popleft()
+        prepared = ahead.take(test_id)
+        if test_id in tests:
+            verdict = verdict_of(backend, *tests[test_id], golden, timeout, prepared, ahead.send)
+        else:
+            verdict = _unknown(test_id)
+        ahead.send()                # if the test made no call, or more were asked since
+        answers.add(test_id, verdict)
+
+
+class _Answers:
+    """Verdicts sent in batches, at least every FLUSH_SECONDS and whenever the judge has
+    nothing left to judge: a message wakes the runner's process, and the judge's time is
+    the run's."""
+
+    FLUSH_SECONDS = 0.001
+
+    def __init__(self, conn):
+        self.conn, self.batch, self.since = conn, [], 0.0
+
+    def add(self, test_id, verdict):
+        if not self.batch:
+            self.since = time.monotonic()
+        self.batch.append([test_id, verdict])
+        if time.monotonic() - self.since >= self.FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self):
+        from . import wire
+        if self.batch:
+            wire.send(self.conn, {"verdicts": self.batch})
+            self.batch = []
+
+
+class _Ahead:
+    """The first calls of the tests next in the queue, sent ahead as far as the backend
+    takes them (IsolatedBackend.ahead), and what each of those tests is given (`prepared`)."""
+
+    def __init__(self, backend, tests, queue):
+        self.backend, self.tests, self.queue = backend, tests, queue
+        self.prepared = {}          # test id -> send_ahead()'s inputs, or None: nothing sent
+
+    def send(self):
+        """Top up: once the backend takes another, send every first call it takes, in one
+        message (a process that sleeps is woken once for them all)."""
+        from .outcomes import BackendCrashed
+        from .runner import send_ahead
+        if not self.backend.can_prefetch() or len(self.backend._sent_ahead) > 1:
+            return
+        for test_id in islice(self.queue, self.backend.ahead + 1):
+            if not self.backend.can_prefetch():
+                break
+            if test_id in self.prepared or test_id not in self.tests:
+                continue
+            try:
+                self.prepared[test_id] = send_ahead(self.backend, *self.tests[test_id])
+            except Exception:        # that test meets the same error again, and reports it
+                self.prepared[test_id] = None
+        try:
+            self.backend.flush()
+        except BackendCrashed:
+            pass                     # the next call finds the process gone
+
+    def take(self, test_id):
+        return self.prepared.pop(test_id, None)
+
+
+def _unknown(test_id: str) -> dict:
+    return {"status": "error", "seconds": 0.0, "ratio": 0.0, "cause": "",
+            "message": f"suite error: the judge's spec has no test {test_id} (did a case file "
+                       "change during the run?)"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""A faulty adapter whose sdpa kills the process that started its own: the process
+that runs it and checks its outputs (the judge's, in an isolated run)."""
+
+import os
+import signal
+
+from attention_conformance.backends.numpy import NumpyBackend
+
+
+class KillsItsRunner(NumpyBackend):
+    name = "faulty-kills-its-runner"
+
+    def sdpa(self, q, k, v, **kw):
+        os.kill(os.getppid(), signal.SIGKILL)
+        return super().sdpa(q, k, v, **kw)

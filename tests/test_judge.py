@@ -1,0 +1,70 @@
+"""The judge (judge.py, judge_process.py): it judges the tests it is asked for, in order,
+ahead of the runner, and each verdict is that test's whichever order the runner takes
+them in. A judge that dies is the subject of a FAULTS row in tests/test_isolation.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attention_conformance import wire
+from attention_conformance.judge import Judge
+from attention_conformance.launch import judge_options
+from attention_conformance.spec_loader import load_spec
+
+FIRST_ROW = "worked_examples/wo-shi-xiao-gou-causal-first-row-is-one-hot[float32]"
+BAD = f"{Path(__file__).parent / 'known_bad' / 'causal_off_by_one.py'}:CausalOffByOne"
+
+
+def _judge(reference, spec_dir) -> Judge:
+    options = {"backend": reference, "device": None, "restart_every": 0, "restart_above": 0,
+               "spec_dir": str(spec_dir)}
+    return Judge(judge_options(options.get))
+
+
+@pytest.fixture
+def test_ids(worked_examples_spec):
+    from attention_conformance.judge_process import tests_by_id
+    return list(tests_by_id(load_spec(worked_examples_spec.parent)))
+
+
+def test_the_judge_answers_every_test_asked_without_being_asked_again(worked_examples_spec,
+                                                                    test_ids):
+    judge = _judge("numpy", worked_examples_spec)
+    try:
+        assert judge.name == "numpy" and "float32" in judge.dtypes
+        judge.ask(test_ids, timeout=60)
+        while len(judge._answers) < len(test_ids):   # every verdict arrives, unasked
+            assert judge._conn.poll(60)
+            judge._answers.update(wire.receive(judge._conn)["verdicts"])
+        assert list(judge._answers) == test_ids                 # in the order asked
+        assert {v["status"] for v in judge._answers.values()} == {"pass"}
+    finally:
+        judge.close()
+
+
+def test_each_verdict_is_its_own_tests_in_any_order_taken(worked_examples_spec, test_ids):
+    """A wrong backend fails the one test it breaks, whichever order the verdicts are
+    taken in; a test nobody asked for is asked for; an unknown one is a suite error."""
+    judge = _judge(BAD, worked_examples_spec)
+    try:
+        judge.ask(test_ids, timeout=60)
+        last = judge.verdict(test_ids[-1], timeout=60)
+        first_row = judge.verdict(FIRST_ROW, timeout=60)
+        assert first_row["status"] == "fail" and "golden out: worst abs error 1" in \
+            first_row["message"]
+        assert last["status"] in ("pass", "fail") and last["seconds"] > 0
+        again = judge.verdict(FIRST_ROW, timeout=60)            # asked anew: judged anew
+        assert again["status"] == "fail"
+        unknown = judge.verdict("worked_examples/no-such-case[float32]", timeout=60)
+        assert unknown["status"] == "error" and "has no test" in unknown["message"]
+    finally:
+        judge.close()
+    assert judge._proc is None
+
+
+def test_a_backend_that_fails_to_load_is_one_clear_error(worked_examples_spec):
+    from attention_conformance.loading import BackendLoadError
+    with pytest.raises(BackendLoadError, match="no_such_module"):
+        _judge("no_such_module:Backend", worked_examples_spec)
