@@ -32,23 +32,26 @@ from .timeout import CaseTimeout
 LOAD_SECONDS = 600.0        # importing a framework (and a first compile) can be slow
 STANDBY_CALLS = 500         # a replacement process starts this many calls before a restart
 MAPS_SHARE = 0.8            # a process holding this share of vm.max_map_count is replaced
-#: beyond the first call sent ahead, no more than this many bytes of inputs in flight: the
-#: process writes each answer while this one may be writing the next call, and a socket
-#: holds ~200 KiB each way before a write waits (two writes waiting on each other: a hang)
+#: no more than this many bytes of inputs in calls sent ahead (unless one call alone is
+#: larger): the process writes each answer while this one may be writing the next calls,
+#: and each way of the socket holds launch.SOCKET_BYTES before a write waits (two writes
+#: waiting on each other: a hang)
 AHEAD_BYTES = 32 * 1024
 
 
 class IsolatedBackend:
     def __init__(self, reference: str, *, restart_every: int = 0,
                  restart_above_mib: float = 0, restart_above_maps: int | None = None,
-                 load_timeout=LOAD_SECONDS, ahead: int = 1,
+                 load_timeout=LOAD_SECONDS, ahead: int = 1, log_dir: str | None = None,
                  device: str | None = None, wait: bool = True, launched=None):
         """wait=False: return once the process is started, and take its declaration in
         wait_loaded(), so that the caller's own start-up overlaps the backend's import.
         restart_every, restart_above_mib, restart_above_maps: 0 turns that restart off;
         restart_above_maps None: MAPS_SHARE of the machine's limit (maps_limit()).
         launched: (process, connection, log) of a process launch.launch() already started.
-        ahead: how many calls prefetch() may have sent ahead, not yet asked for."""
+        ahead: how many calls prefetch() may have sent ahead, not yet asked for.
+        log_dir: the folder of the processes' logs (default: the temporary folder)."""
+        self.log_dir = log_dir
         self.reference, self.restart_every, self.load_timeout = reference, restart_every, load_timeout
         self.restart_above_mib = restart_above_mib
         self.restart_above_maps = maps_limit() if restart_above_maps is None else restart_above_maps
@@ -62,7 +65,7 @@ class IsolatedBackend:
         self._calls, self._sent_ahead = 0, deque()  # calls sent ahead (prefetch), in order
         self._parked = []           # (call, answer) of calls sent ahead that others overtook
         self._held = []             # calls sent ahead and not yet written (flush())
-        self._logs = [launched[2] if launched else log_file()]   # a second for a standby
+        self._logs = [launched[2] if launched else log_file(log_dir)]   # a second: a standby
         self._log = self._logs[0]
         self._standby = None                    # (process, connection, log) started ahead
         self._retired = []                      # stopped processes not yet reaped
@@ -85,14 +88,14 @@ class IsolatedBackend:
             (self._proc, self._conn, self._log), self._standby = self._standby, None
         else:
             if self._log is None:                   # closed before: a new log
-                self._log = log_file()
+                self._log = log_file(self.log_dir)
                 self._logs = [self._log]
             self._proc, self._conn = self._launch(self._log)
         return self._declaration()
 
     def _start_standby(self):
         if len(self._logs) == 1:
-            self._logs.append(log_file())
+            self._logs.append(log_file(self.log_dir))
         log = self._logs[1] if self._log is self._logs[0] else self._logs[0]
         self._standby = (*self._launch(log), log)
 
@@ -223,6 +226,10 @@ class IsolatedBackend:
     def can_prefetch(self) -> bool:
         return len(self._sent_ahead) < self.ahead and self._proc is not None \
             and not self._restart_due() and self._bytes_ahead() < AHEAD_BYTES
+
+    def sent_ahead(self) -> int:
+        """How many calls sent ahead are not yet asked for."""
+        return len(self._sent_ahead)
 
     def _bytes_ahead(self) -> int:
         return sum(sent.size for sent in self._sent_ahead)

@@ -3,8 +3,10 @@ declaration, ask it for the tests the run will make, in their order, and take ea
 test's verdict when pytest runs that test; by then the judge has usually judged it.
 
 The judge is the suite's own code, but the backend's process is its child and can
-signal it: a judge that dies costs the test it was judging, which ends as a crash that
-says so, and a fresh judge (with a fresh backend process) judges the rest.
+signal it: when a judge dies, the test the run waits for is judged again, alone, by a
+fresh judge (a call sent ahead for a later test may have killed the first one); a test
+on which two judges die is a crash that says so, and a fresh judge (with a fresh backend
+process) judges the rest.
 """
 
 from __future__ import annotations
@@ -13,9 +15,15 @@ import subprocess
 import threading
 
 from . import wire
-from .isolation import declare
-from .launch import EARLY_ATTR, ending, kill_group, launch_judge, log_file, log_tail, remove_log, stop
+from .isolation import LOAD_SECONDS, declare
+from .launch import (EARLY_ATTR, ending, kill_group, launch_judge, log_file, log_folder,
+                     log_tail, remove_folder, stop)
 from .loading import BackendLoadError
+
+#: how long past --case-timeout the runner waits for the judge's next message before it
+#: takes the judge for stalled: a test's deadline is extended by the starts of backend
+#: processes it waits for (each up to isolation.LOAD_SECONDS)
+STALLED_SECONDS = 2 * LOAD_SECONDS
 
 
 class Judge:
@@ -37,7 +45,7 @@ class Judge:
             self.wait_loaded()
 
     def _launch(self):
-        log = log_file()
+        log = log_file(log_folder())
         return (*launch_judge(self.options, log), log)
 
     def wait_loaded(self):
@@ -70,34 +78,62 @@ class Judge:
         if self._broken:
             return _crash(self._broken)
         self.ask([test_id], timeout)
-        while test_id not in self._answers:
-            try:
-                message = wire.receive(self._conn)
-            except (EOFError, OSError, wire.WireError):
-                return self._replace(test_id, timeout)
-            for answered, verdict in message["verdicts"]:
-                self._asked.pop(answered, None)
-                self._answers[answered] = verdict
+        if not self._await(test_id, timeout):
+            return self._replace(test_id, timeout)
         return self._answers.pop(test_id)
 
+    def _await(self, test_id: str, timeout: float) -> bool:
+        """Take verdicts until test_id's; False if the judge died first, or sent nothing
+        for longer than any one test may take (STALLED_SECONDS past --case-timeout: a
+        judge stopped, or stuck in its own code), and was killed."""
+        limit = timeout + STALLED_SECONDS if timeout else None
+        while test_id not in self._answers:
+            try:
+                if not self._conn.poll(limit):
+                    kill_group(self._proc)
+                    return False
+                message = wire.receive(self._conn)
+            except (EOFError, OSError, wire.WireError):
+                return False
+            self._asked.pop(message["id"], None)
+            self._answers[message["id"]] = message["verdict"]
+        return True
+
     def _replace(self, test_id: str, timeout: float) -> dict:
-        """The judge died judging test_id: that test's verdict, and a fresh judge asked for
-        every other test that was asked."""
-        death = (f"the judge's process (the suite's own: it runs the backend's process and "
-                 f"checks its outputs) died while judging this test: {self._death()}")
+        """The judge died (or stalled) before test_id's verdict: a call sent ahead for a
+        later test may have killed it, so test_id is judged again, alone, by a fresh
+        judge; only if that one dies as well is the test a crash. Then a fresh judge is
+        asked for every other test that was asked."""
         rest = [t for t in self._asked if t != test_id]
-        self._asked = {}
+        death = ""
+        for _ in range(2):
+            death = self._death()
+            self._asked = {}
+            if not self._restart():
+                return _crash(self._broken)
+            self.ask([test_id], timeout)
+            if self._await(test_id, timeout):
+                self.ask(rest, timeout)
+                return self._answers.pop(test_id)
+        death = (f"the judge's process (the suite's own: it runs the backend's process and "
+                 f"checks its outputs) died while judging this test, twice: {death}")
+        self._death()
+        if self._restart():
+            self.ask(rest, timeout)
+        return _crash(death + "; a fresh one judges the tests after it")
+
+    def _restart(self) -> bool:
         try:
             self._proc, self._conn, self._log = self._launch()
             self.wait_loaded()
+            return True
         except BackendLoadError as exc:
             self._broken = f"no judge could be started again after one died: {exc}"
             self._proc = None
-            return _crash(death)
-        self.ask(rest, timeout)
-        return _crash(death + "; a fresh one judges the tests after it")
+            return False
 
     def _death(self) -> str:
+        """How the judge ended (it is reaped, and its folder of logs removed)."""
         try:
             code = self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -105,7 +141,7 @@ class Judge:
             code = None
         text = ending(code) + log_tail(self._log)
         self._conn.close()
-        remove_log(self._log)
+        remove_folder(self._log)
         self._proc = None
         return text
 
@@ -126,7 +162,7 @@ class Judge:
         else:
             threading.Thread(target=stop, args=(proc, conn, 2), name="judge-reaper",
                              daemon=True).start()
-        remove_log(self._log)
+        remove_folder(self._log)
 
 
 def _crash(message: str) -> dict:

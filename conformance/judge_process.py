@@ -12,8 +12,7 @@ overlaps both.
 
 Messages (wire.py): runner -> judge {"run": [test id, ...], "timeout": seconds} and
 {"stop": true}; judge -> runner {"declared": {...}} or {"load_error": "..."} once, then
-{"verdicts": [[test id, {...}], ...]} for the tests asked, in the order asked (batches:
-_Answers). A test id is
+{"id": test id, "verdict": {...}} for each test asked, in the order asked. A test id is
 ``topic/`` + case.test_name().
 """
 
@@ -23,7 +22,6 @@ import gc
 import json
 import signal
 import sys
-import time
 from collections import deque
 from itertools import islice
 from multiprocessing.connection import Connection
@@ -38,11 +36,12 @@ AHEAD = 4
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the runner's to handle
+    signal.signal(signal.SIGINT, _ignore)   # Ctrl-C is the runner's (not SIG_IGN: the
+    # backend's process would inherit that, and never see a KeyboardInterrupt)
     signal.signal(signal.SIGTERM, _exit)                # the runner's close(): clean up
     end_with_parent()
     conn, options = Connection(int(argv[0])), json.loads(argv[1])
-    log = log_file()
+    log = log_file(options.get("log_dir"))
     launched, backend = (*launch(options["reference"], options.get("device"), log), log), None
     try:
         from . import wire                              # the backend is loading meanwhile
@@ -50,7 +49,7 @@ def main(argv=None) -> int:
         backend = IsolatedBackend(options["reference"], device=options.get("device"), ahead=AHEAD,
                                   restart_every=options.get("restart_every") or 0,
                                   restart_above_mib=options.get("restart_above_mib") or 0,
-                                  wait=False, launched=launched)
+                                  log_dir=options.get("log_dir"), wait=False, launched=launched)
         loaded = _load(backend, options.get("spec_dir"))
         wire.send(conn, loaded[0])
         if "declared" in loaded[0]:
@@ -66,6 +65,10 @@ def main(argv=None) -> int:
             kill_group(launched[0])
             remove_log(log)
     return 0
+
+
+def _ignore(signum, frame):
+    pass
 
 
 def _exit(signum, frame):
@@ -103,16 +106,14 @@ def tests_by_id(spec) -> dict:
 
 
 def serve(conn, backend, tests: dict, golden) -> None:
-    """Judge the tests asked, in order, until told to stop. Each test's first call is sent
-    to the backend's process (runner.send_ahead) as soon as the test before has its first
-    answer, so that the backend computes it while that test's outputs are checked."""
+    """Judge the tests asked, in order, until told to stop. The first calls of the tests
+    next in line are kept sent to the backend's process (_Ahead), so that it computes them
+    while the judge checks the test before."""
     from . import wire
     from .verdict import verdict_of
-    queue, timeout, answers = deque(), 0.0, _Answers(conn)
+    queue, timeout = deque(), 0.0
     ahead = _Ahead(backend, tests, queue)
     while True:
-        if not queue:
-            answers.flush()
         while not queue or conn.poll(0):            # take what was asked, waiting if idle
             message = wire.receive(conn)
             if message.get("stop"):
@@ -126,31 +127,7 @@ def serve(conn, backend, tests: dict, golden) -> None:
         else:
             verdict = _unknown(test_id)
         ahead.send()                # if the test made no call, or more were asked since
-        answers.add(test_id, verdict)
-
-
-class _Answers:
-    """Verdicts sent in batches, at least every FLUSH_SECONDS and whenever the judge has
-    nothing left to judge: a message wakes the runner's process, and the judge's time is
-    the run's."""
-
-    FLUSH_SECONDS = 0.001
-
-    def __init__(self, conn):
-        self.conn, self.batch, self.since = conn, [], 0.0
-
-    def add(self, test_id, verdict):
-        if not self.batch:
-            self.since = time.monotonic()
-        self.batch.append([test_id, verdict])
-        if time.monotonic() - self.since >= self.FLUSH_SECONDS:
-            self.flush()
-
-    def flush(self):
-        from . import wire
-        if self.batch:
-            wire.send(self.conn, {"verdicts": self.batch})
-            self.batch = []
+        wire.send(conn, {"id": test_id, "verdict": verdict})
 
 
 class _Ahead:
@@ -162,11 +139,11 @@ class _Ahead:
         self.prepared = {}          # test id -> send_ahead()'s inputs, or None: nothing sent
 
     def send(self):
-        """Top up: once the backend takes another, send every first call it takes, in one
-        message (a process that sleeps is woken once for them all)."""
+        """Top up once at most one call is left ahead, in one message (a process that
+        sleeps is woken once for them all)."""
         from .outcomes import BackendCrashed
         from .runner import send_ahead
-        if not self.backend.can_prefetch() or len(self.backend._sent_ahead) > 1:
+        if self.backend.sent_ahead() > 1:
             return
         for test_id in islice(self.queue, self.backend.ahead + 1):
             if not self.backend.can_prefetch():

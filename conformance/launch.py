@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,11 +20,21 @@ from multiprocessing.connection import Connection
 
 #: the attribute of pytest's config that holds a judge started early
 EARLY_ATTR = "_attention_conformance_early_judge"
+#: each way of a process's socket: isolation.AHEAD_BYTES of calls sent ahead, and their
+#: answers, must fit without a write waiting
+SOCKET_BYTES = 256 * 1024
 
 
-def log_file():
+def log_file(directory: str | None = None):
+    """A temporary log for a process's output (in `directory`: the judge's folder)."""
     return tempfile.NamedTemporaryFile(prefix="attention-conformance-backend-", suffix=".log",
-                                       delete=False)
+                                       dir=directory, delete=False)
+
+
+def log_folder() -> str:
+    """A judge's temporary folder: its log, and those of the backend's processes it
+    starts, removed whole by the runner (judge.py) however the judge ended."""
+    return tempfile.mkdtemp(prefix="attention-conformance-judge-")
 
 
 def remove_log(log):
@@ -43,16 +54,27 @@ def launch(reference: str, device: str | None, log):
 
 
 def launch_judge(options: dict, log):
-    """Start a judge process writing to log (options: judge_options()); it starts the
-    backend's process, loads the spec, and declares the backend. Returns (the process,
-    this end of its socket)."""
+    """Start a judge process writing to log, a log_file() of a log_folder() (options:
+    judge_options()); it starts the backend's process, with its log in the same folder,
+    loads the spec, and declares the backend. Returns (the process, this end of its
+    socket)."""
+    options = {**options, "log_dir": os.path.dirname(log.name)}
     return _spawn("judge_process", [json.dumps(options)], log)
+
+
+def remove_folder(log):
+    """Close a judge's log and remove its folder, the backend's logs in it included."""
+    log.close()
+    shutil.rmtree(os.path.dirname(log.name), ignore_errors=True)
 
 
 def _spawn(module: str, arguments: list, log):
     """A process of its own session (a Ctrl-C at the terminal is its runner's to handle),
     given one end of a socket pair as its first argument."""
     ours, theirs = socket.socketpair()
+    for end in (ours, theirs):      # room for calls sent ahead both ways (macOS: 8 KiB)
+        end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BYTES)
+        end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BYTES)
     log.seek(0)
     log.truncate()
     command = [sys.executable, "-m", f"attention_conformance.{module}", str(theirs.fileno()),
@@ -133,13 +155,13 @@ def start_early(config, options: dict):
     """Start the judge's process (and so the backend's) before pytest has configured the
     run (nothing waits for its load); judge.take_early() makes it the run's Judge. Killed
     at the config's cleanup if nothing took it (a usage error, --help)."""
-    log = log_file()
+    log = log_file(log_folder())
     proc, conn = launch_judge(options, log)
     setattr(config, EARLY_ATTR, (options, (proc, conn, log)))
 
     def cleanup():
         if config.__dict__.pop(EARLY_ATTR, None) is not None:
-            proc.terminate()            # it stops the backend's process and removes its log
+            proc.terminate()            # it stops the backend's process
             stop(proc, conn, wait=2)
-            remove_log(log)
+            remove_folder(log)
     config.add_cleanup(cleanup)

@@ -55,10 +55,17 @@ class State:
             if isolated:
                 self.judge.close()
             raise
+        self._by_file = {}
+        for case in self.spec.cases:
+            self._by_file.setdefault(Path(case.file).name, []).append(case)
         self.interrupted = False
         self._declared = None           # True once taken, False if the backend failed to load
         if not isolated:
             self.declared()
+
+    def cases_in(self, file_name: str) -> list:
+        """The cases of one case file, in order."""
+        return self._by_file.get(file_name, [])
 
     def declared(self) -> "State":
         """The backend's declaration taken (once): info, expected, log."""
@@ -98,6 +105,8 @@ def start(config):
         config.stash[_STATE] = State(config)
         config.stash[_COLLECTOR] = _Collector(config.stash[_STATE])
         config.pluginmanager.register(config.stash[_COLLECTOR], "attention-conformance-results")
+        if hasattr(config, "workerinput"):
+            config.pluginmanager.register(_AskAsTheyCome(), "attention-conformance-xdist")
     except (BackendLoadError, SpecError, OSError) as exc:
         raise pytest.UsageError(str(exc)) from None
     stray = _errors_outside_case_files(config.stash[_STATE])
@@ -154,8 +163,8 @@ class CaseFile(pytest.File):
         for error in state.spec.errors:
             if Path(error.file).name == name:
                 yield SpecErrorItem.from_parent(self, name=f"spec-error:{error.line}", error=error)
-        for case in state.spec.cases:
-            if Path(case.file).name != name or not in_profile(case, profile):
+        for case in state.cases_in(name):
+            if not in_profile(case, profile):
                 continue
             for variant in case.variants:
                 for dtype in case.dtypes:
@@ -313,12 +322,13 @@ def pytest_runtestloop(session):
         gc.freeze()     # the spec and the items stay: collections need not walk them again
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Under pytest-xdist, the judge is asked for each test and the next as they come."""
-    state = _state(item.config)
-    if state and hasattr(item.config, "workerinput"):
-        ask_ahead(state, [item, nextitem])
+class _AskAsTheyCome:
+    """Registered in a pytest-xdist worker, which learns its tests one by one: the judge
+    is asked for each test and the next as they come."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        ask_ahead(_state(item.config), [item, nextitem])
 
 
 @pytest.hookimpl(wrapper=True)
@@ -415,5 +425,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_unconfigure(config):
     state = _state(config)
-    if state is not None and state.judge is not None:
-        state.judge.close(wait=False)       # the judge's and the backend's processes
+    if state is not None:
+        gc.unfreeze()       # pytest may run again in this interpreter (pytest.main)
+        if state.judge is not None:
+            state.judge.close(wait=False)   # the judge's and the backend's processes

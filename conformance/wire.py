@@ -15,6 +15,8 @@ from .dtypes import NUMPY_DTYPES
 WIRE_DTYPES = {**NUMPY_DTYPES, "bool": np.dtype(bool), "int64": np.dtype(np.int64),
                "int32": np.dtype(np.int32)}
 _NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
+#: a message is a tree of plain values made here: nothing to check for cycles
+_JSON = json.JSONEncoder(allow_nan=True, check_circular=False, separators=(",", ":"))
 
 
 class WireError(Exception):
@@ -81,7 +83,7 @@ def send(conn, message) -> None:
     for buffer in buffers:
         spans.append([offset, len(buffer)])
         offset += len(buffer)
-    header = json.dumps({"body": body, "buffers": spans}, allow_nan=True).encode()
+    header = _JSON.encode({"body": body, "buffers": spans}).encode()
     conn.send_bytes(b"".join([struct.pack("<I", len(header)), header, *buffers]))
 
 

@@ -50,16 +50,17 @@ FAULTS = {
     "seterr_raise.py:SetsErrRaise": ("pass", "", ()),
     "stray_thread.py:StrayThread": ("pass", "", ()),
     "leaks.py:Leaks": ("pass", "", ("--restart-above", "100")),     # restarted every 2 calls
-    "kills_its_runner.py:KillsItsRunner": (     # a fresh judge for each test after
+    "kills_its_runner.py:KillsItsRunner": (     # judged again alone, then a fresh judge
         "crash", "the judge's process (the suite's own: it runs the backend's process and "
-        "checks its outputs) died while judging this test: its process was killed by signal "
-        "SIGKILL (9)", ()),
+        "checks its outputs) died while judging this test, twice: its process was killed by "
+        "signal SIGKILL (9)", ()),
 }
 
 
 def certify(tmp_path, adapter, cases, *options, timeout=240):
     reports = tmp_path / "reports"
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    (tmp_path / "tmp").mkdir(exist_ok=True)         # the run's temporary folder: its own
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "TMPDIR": str(tmp_path / "tmp")}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", str(cases), "--spec-dir", str(cases), "-p",
          "attention_conformance.plugin", "-p", "no:cacheprovider", "-q",
@@ -85,6 +86,16 @@ def test_a_faulty_backend_ends_in_a_status_and_the_run_goes_on(tmp_path, adapter
     assert [r["status"] for r in weights] == ["pass"] * WEIGHTS_TESTS, out[-3000:]
     assert report["complete"] is True
     assert done.returncode == (0 if status == "pass" else 1), out[-3000:]
+    _no_logs_left(tmp_path / "tmp")
+
+
+def _no_logs_left(folder, seconds=10):
+    """The judge's and the backends' logs are gone once their processes have ended (the
+    run's end does not wait for them: a second or two after it)."""
+    deadline = time.monotonic() + seconds
+    while list(folder.glob("attention-conformance-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not list(folder.glob("attention-conformance-*"))
 
 
 @pytest.mark.parametrize("attr", ["DtypesString", "CatchAll", "UnknownPolicy"])
@@ -461,6 +472,20 @@ def test_tests_whose_calls_are_sent_ahead_keep_their_own_statuses(tmp_path, work
         ("", "float64"): "pass", ("", "float32"): "pass"}, statuses
     for crash in (r for r in report["results"] if r["status"] == "crash"):  # its own call
         assert "SIGSEGV" in crash["message"] and "while computing sdpa" in crash["message"]
+
+
+def test_a_judge_killed_by_a_call_sent_ahead_blames_no_other_test(tmp_path, worked_examples_spec):
+    """The weights tests' calls kill the judge; the first of them is sent ahead while the
+    judge checks the last sdpa test, which is judged again by a fresh judge and passes:
+    only the tests whose own calls kill two judges crash."""
+    done, report = certify(tmp_path, "kills_its_runner.py:KillsItsRunnerInWeights",
+                           worked_examples_spec)
+    assert report is not None, (done.stdout + done.stderr)[-3000:]
+    statuses = {(r["case"], r["variant"], r["dtype"]): r["status"] for r in report["results"]}
+    assert sorted(statuses.values()) == ["crash"] * WEIGHTS_TESTS + ["pass"] * SDPA_TESTS, statuses
+    assert all(status == "crash" for (case, _, _), status in statuses.items()
+               if case != "wo-ai-zhong-guo-cross-attention"), statuses
+    _no_logs_left(tmp_path / "tmp")
 
 
 def test_in_process_mode_still_runs(tmp_path, worked_examples_spec):

@@ -13,3 +13,14 @@ class KillsItsRunner(NumpyBackend):
     def sdpa(self, q, k, v, **kw):
         os.kill(os.getppid(), signal.SIGKILL)
         return super().sdpa(q, k, v, **kw)
+
+
+class KillsItsRunnerInWeights(NumpyBackend):
+    """Kills it in attention_weights: the weights tests run after the sdpa tests, so their
+    first call, sent ahead, kills the judge while it checks the last sdpa test."""
+
+    name = "faulty-kills-its-runner-in-weights"
+
+    def attention_weights(self, q, k, **kw):
+        os.kill(os.getppid(), signal.SIGKILL)
+        return super().attention_weights(q, k, **kw)
