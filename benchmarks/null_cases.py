@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""A certification run whose cases do nothing: pytest, the plugin, the spec, the backend's
-process and the report all as in a real run, but no input is built, no backend call made
-and nothing checked. ``python benchmarks/null_cases.py spec/cases --backend numpy -q``
+"""A certification run whose cases do nothing: pytest, the plugin, the spec, the judge's
+and the backend's processes and the report all as in a real run, but the judge is asked
+for nothing: no input is built, no backend call made and nothing checked. ``python benchmarks/null_cases.py spec/cases --backend numpy -q``
 (pytest's arguments). benchmarks/targets.py (target 3) sets it beside a bare pytest run
 of as many items: what the runner's own machinery costs, apart from the work of the cases.
 """

@@ -37,6 +37,8 @@ MAPS_SHARE = 0.8            # a process holding this share of vm.max_map_count i
 #: and each way of the socket holds launch.SOCKET_BYTES before a write waits (two writes
 #: waiting on each other: a hang)
 AHEAD_BYTES = 32 * 1024
+#: seconds an answer may keep this process waiting before before_wait() is called
+WAIT_BRIEFLY = 0.001
 
 
 class IsolatedBackend:
@@ -65,6 +67,7 @@ class IsolatedBackend:
         self._calls, self._sent_ahead = 0, deque()  # calls sent ahead (prefetch), in order
         self._parked = []           # (call, answer) of calls sent ahead that others overtook
         self._held = []             # calls sent ahead and not yet written (flush())
+        self.before_wait = None     # called once an answer has kept this process waiting
         self._logs = [launched[2] if launched else log_file(log_dir)]   # a second: a standby
         self._log = self._logs[0]
         self._standby = None                    # (process, connection, log) started ahead
@@ -118,7 +121,14 @@ class IsolatedBackend:
         self.flush()                # an answer can be waited for only once its call is out
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            ready = self._conn.poll(remaining)
+            ready = wire.ready(self._conn, 0)
+            if not ready and self.before_wait is not None:
+                ready = wire.ready(self._conn, min(WAIT_BRIEFLY, remaining or WAIT_BRIEFLY))
+                if not ready:           # a longer wait: first what the caller would send
+                    self.before_wait()
+            if not ready:
+                ready = wire.ready(self._conn, None if deadline is None
+                                   else max(0.0, deadline - time.monotonic()))
         except (EOFError, OSError):
             ready = True
         if not ready:

@@ -89,14 +89,15 @@ class Judge:
         limit = timeout + STALLED_SECONDS if timeout else None
         while test_id not in self._answers:
             try:
-                if not self._conn.poll(limit):
+                if not wire.ready(self._conn, limit):
                     kill_group(self._proc)
                     return False
                 message = wire.receive(self._conn)
             except (EOFError, OSError, wire.WireError):
                 return False
-            self._asked.pop(message["id"], None)
-            self._answers[message["id"]] = message["verdict"]
+            for answered, verdict in message["verdicts"]:
+                self._asked.pop(answered, None)
+                self._answers[answered] = verdict
         return True
 
     def _replace(self, test_id: str, timeout: float) -> dict:

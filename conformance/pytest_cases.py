@@ -8,6 +8,7 @@ variant or dtype.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import warnings
 from pathlib import Path
@@ -101,6 +102,12 @@ _COLLECTOR = pytest.StashKey["_Collector"]()
 
 def start(config):
     """Load the backend and the spec, and register the hooks of a certification run."""
+    # gc.freeze() at the run's start is undone once pytest's own clean-up, which collects
+    # five times, is over (cleanups run last in, first out: pytest's plugins register
+    # theirs after this), for an interpreter that runs pytest again (pytest.main); at its
+    # exit everything is frozen again, so that its last collection walks none of it
+    config.add_cleanup(gc.unfreeze)
+    atexit.register(gc.freeze)
     try:
         config.stash[_STATE] = State(config)
         config.stash[_COLLECTOR] = _Collector(config.stash[_STATE])
@@ -425,7 +432,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_unconfigure(config):
     state = _state(config)
-    if state is not None:
-        gc.unfreeze()       # pytest may run again in this interpreter (pytest.main)
-        if state.judge is not None:
-            state.judge.close(wait=False)   # the judge's and the backend's processes
+    if state is not None and state.judge is not None:
+        state.judge.close(wait=False)       # the judge's and the backend's processes

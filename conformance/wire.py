@@ -5,6 +5,8 @@ carry data and nothing else; an array arrives as a base ndarray of a known dtype
 from __future__ import annotations
 
 import json
+import math
+import select
 import struct
 
 import numpy as np
@@ -85,6 +87,23 @@ def send(conn, message) -> None:
         offset += len(buffer)
     header = _JSON.encode({"body": body, "buffers": spans}).encode()
     conn.send_bytes(b"".join([struct.pack("<I", len(header)), header, *buffers]))
+
+
+_POLLERS: dict = {}
+
+
+def ready(conn, timeout: float | None = None) -> bool:
+    """Has conn a message (or its end) to read within timeout seconds (None: wait)? What
+    conn.poll(timeout) answers, without building a selector at every call (~20 us, and
+    every message is polled for); OSError once conn is closed."""
+    if not hasattr(select, "poll"):                 # Windows
+        return conn.poll(timeout)
+    fd = conn.fileno()
+    poller = _POLLERS.get(fd)
+    if poller is None:          # a file descriptor reused by a new connection: the same
+        poller = _POLLERS[fd] = select.poll()
+        poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
 
 
 def receive(conn, limit: int = 1 << 31):
