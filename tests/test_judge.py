@@ -68,3 +68,28 @@ def test_a_backend_that_fails_to_load_is_one_clear_error(worked_examples_spec):
     from attention_conformance.loading import BackendLoadError
     with pytest.raises(BackendLoadError, match="no_such_module"):
         _judge("no_such_module:Backend", worked_examples_spec)
+
+
+def test_the_readme_numbers_of_calls_sent_ahead():
+    """The README: up to 4 first calls sent ahead, at most 32 KiB of inputs unless one
+    call alone is larger, on sockets that hold that and its answers each way."""
+    from attention_conformance import isolation, judge_process, launch
+    assert judge_process.AHEAD == 4 and isolation.AHEAD_BYTES == 32 * 1024
+    assert launch.SOCKET_BYTES >= 4 * isolation.AHEAD_BYTES
+
+
+def test_a_single_call_larger_than_the_limit_is_still_sent_ahead_alone():
+    import numpy as np
+    from attention_conformance.isolation import AHEAD_BYTES, IsolatedBackend
+    backend = IsolatedBackend("numpy", ahead=4)
+    try:
+        big = np.zeros((AHEAD_BYTES // 8 + 1,), np.float64).reshape(1, 1, -1)
+        small = np.zeros((1, 2, 4))
+        assert backend.prefetch("softmax", (big,), {})            # alone: over the limit
+        assert not backend.prefetch("softmax", (small,), {})      # not beside it
+        assert backend.sent_ahead() == 1
+        assert backend.softmax(big).shape == big.shape
+        assert backend.prefetch("softmax", (small,), {}) and backend.prefetch("softmax", (small,), {})
+        assert backend.sent_ahead() == 2
+    finally:
+        backend.close()
