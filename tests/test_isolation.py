@@ -538,7 +538,8 @@ def test_the_backend_process_ends_when_its_runner_is_killed(tmp_path):
     """A runner killed mid-call (SIGKILL: nothing of it runs) leaves no backend behind."""
     pid_file, marker = tmp_path / "worker.pid", tmp_path / "started"
     runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(FAULTY / "hangs.py:Hangs"),
-                               str(pid_file)], env={**os.environ, "FAULTY_HANGS_MARKER": str(marker)})
+                               str(pid_file)], env={**os.environ, "FAULTY_HANGS_MARKER": str(marker),
+                                                    "TMPDIR": str(tmp_path)})   # its log stays
     deadline = time.monotonic() + 120
     while not marker.exists() and time.monotonic() < deadline and runner.poll() is None:
         time.sleep(0.05)
