@@ -226,16 +226,18 @@ class IsolatedBackend:
         overtook it. Up to `ahead` calls, only into a running process; False when nothing
         was sent (can_prefetch() says whether another call would be)."""
         size = sum(a.nbytes for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
-        if not self.can_prefetch() or \
-                self._sent_ahead and self._bytes_ahead() + size > AHEAD_BYTES:
+        if not self.can_prefetch(size):
             return False
         self._send(op, args, kwargs, hold=True)   # written by flush(), or before any wait
         self._sent_ahead.append(_Pending(op, args, kwargs, size))
         return True
 
-    def can_prefetch(self) -> bool:
+    def can_prefetch(self, size: int = 0) -> bool:
+        """Would a call of `size` bytes of inputs be sent ahead now (the first at any size,
+        the others within AHEAD_BYTES)?"""
         return len(self._sent_ahead) < self.ahead and self._proc is not None \
-            and not self._restart_due() and self._bytes_ahead() < AHEAD_BYTES
+            and not self._restart_due() \
+            and (not self._sent_ahead or self._bytes_ahead() + size <= AHEAD_BYTES)
 
     def sent_ahead(self) -> int:
         """How many calls sent ahead are not yet asked for."""

@@ -106,19 +106,17 @@ class Judge:
         judge; only if that one dies as well is the test a crash. Then a fresh judge is
         asked for every other test that was asked."""
         rest = [t for t in self._asked if t != test_id]
-        death = ""
-        for _ in range(2):
-            death = self._death()
-            self._asked = {}
-            if not self._restart():
-                return _crash(self._broken)
-            self.ask([test_id], timeout)
-            if self._await(test_id, timeout):
-                self.ask(rest, timeout)
-                return self._answers.pop(test_id)
-        death = (f"the judge's process (the suite's own: it runs the backend's process and "
-                 f"checks its outputs) died while judging this test, twice: {death}")
         self._death()
+        self._asked = {}
+        if not self._restart():
+            return _crash(self._broken)
+        self.ask([test_id], timeout)
+        if self._await(test_id, timeout):
+            self.ask(rest, timeout)
+            return self._answers.pop(test_id)
+        death = (f"the judge's process (the suite's own: it runs the backend's process and "
+                 f"checks its outputs) died while judging this test, twice: {self._death()}")
+        self._asked = {}
         if self._restart():
             self.ask(rest, timeout)
         return _crash(death + "; a fresh one judges the tests after it")

@@ -12,8 +12,8 @@ overlaps both.
 
 Messages (wire.py): runner -> judge {"run": [test id, ...], "timeout": seconds} and
 {"stop": true}; judge -> runner {"declared": {...}} or {"load_error": "..."} once, then
-{"verdicts": [[test id, {...}], ...]} for the tests asked, in the order asked (_Answers). A test id is
-``topic/`` + case.test_name().
+{"verdicts": [[test id, {...}], ...]} for the tests asked, in the order asked
+(_Answers). A test id is ``topic/`` + case.test_name().
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from itertools import islice
 from multiprocessing.connection import Connection
 
 from .launch import end_with_parent, kill_group, launch, log_file, remove_log
+from .outcomes import BackendCrashed        # standard library alone, as launch
 
 #: how many tests' first calls the judge keeps sent ahead to the backend's process: it
 #: computes them while the judge checks, and seldom waits idle for a message (waking a
@@ -83,7 +84,6 @@ def _load(backend, spec_dir) -> tuple:
     backend's process imports its framework."""
     from .golden_store import GoldenStore
     from .loading import BackendLoadError
-    from .outcomes import BackendCrashed
     from .spec_folder import SpecFolder
     from .spec_loader import load_spec
     from .timeout import CaseTimeout
@@ -143,7 +143,9 @@ class _Answers:
     FLUSH_SECONDS = 0.001
 
     def __init__(self, conn):
-        self.conn, self.batch, self.since = conn, [], 0.0
+        from . import wire
+        self.send = lambda message: wire.send(conn, message)
+        self.batch, self.since = [], 0.0
 
     def add(self, test_id, verdict):
         if not self.batch:
@@ -153,10 +155,9 @@ class _Answers:
             self.flush()
 
     def flush(self):
-        from . import wire
         if self.batch:
             batch, self.batch = self.batch, []
-            wire.send(self.conn, {"verdicts": batch})
+            self.send({"verdicts": batch})
 
 
 class _Ahead:
@@ -164,14 +165,14 @@ class _Ahead:
     takes them (IsolatedBackend.ahead), and what each of those tests is given (`prepared`)."""
 
     def __init__(self, backend, tests, queue):
+        from .runner import send_ahead
         self.backend, self.tests, self.queue = backend, tests, queue
+        self.send_ahead = send_ahead
         self.prepared = {}          # test id -> send_ahead()'s inputs, or None: nothing sent
 
     def send(self):
         """Top up once at most one call is left ahead, in one message (a process that
         sleeps is woken once for them all)."""
-        from .outcomes import BackendCrashed
-        from .runner import send_ahead
         if self.backend.sent_ahead() > 1:
             return
         for test_id in islice(self.queue, self.backend.ahead + 1):
@@ -180,13 +181,13 @@ class _Ahead:
             if test_id in self.prepared or test_id not in self.tests:
                 continue
             try:
-                self.prepared[test_id] = send_ahead(self.backend, *self.tests[test_id])
+                self.prepared[test_id] = self.send_ahead(self.backend, *self.tests[test_id])
             except Exception:        # that test meets the same error again, and reports it
                 self.prepared[test_id] = None
         try:
             self.backend.flush()
-        except BackendCrashed:
-            pass                     # the next call finds the process gone
+        except BackendCrashed:       # the next call finds the process gone
+            pass
 
     def take(self, test_id):
         return self.prepared.pop(test_id, None)

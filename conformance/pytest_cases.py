@@ -60,7 +60,8 @@ class State:
         for case in self.spec.cases:
             self._by_file.setdefault(Path(case.file).name, []).append(case)
         self.interrupted = False
-        self._declared = None           # True once taken, False if the backend failed to load
+        self.log = None                 # with info and expected: once the declaration is taken
+        self.load_failed = False
         if not isolated:
             self.declared()
 
@@ -70,17 +71,16 @@ class State:
 
     def declared(self) -> "State":
         """The backend's declaration taken (once): info, expected, log."""
-        if self._declared is False:
+        if self.load_failed:
             raise pytest.UsageError("the backend failed to load (see above)")
-        if self._declared is None:
+        if self.log is None:
             if self.judge is not None:
                 try:
                     self.judge.wait_loaded()
                 except BackendLoadError as exc:
-                    self._declared = False
+                    self.load_failed = True
                     self.judge.close()
                     raise pytest.UsageError(str(exc)) from None
-            self._declared = True
             self.info = describe(self.backend)
             self.expected = expected_for(self.backend,
                                          self.config.getoption("expected_failures"))
@@ -96,6 +96,9 @@ def _selection(config) -> dict:
             "markexpr": config.getoption("markexpr", "")}
 
 
+#: at the interpreter's exit everything is frozen again: its last collection walks none of it
+atexit.register(gc.freeze)
+
 _STATE = pytest.StashKey["State"]()
 _COLLECTOR = pytest.StashKey["_Collector"]()
 
@@ -104,10 +107,8 @@ def start(config):
     """Load the backend and the spec, and register the hooks of a certification run."""
     # gc.freeze() at the run's start is undone once pytest's own clean-up, which collects
     # five times, is over (cleanups run last in, first out: pytest's plugins register
-    # theirs after this), for an interpreter that runs pytest again (pytest.main); at its
-    # exit everything is frozen again, so that its last collection walks none of it
+    # theirs after this), for an interpreter that runs pytest again (pytest.main)
     config.add_cleanup(gc.unfreeze)
-    atexit.register(gc.freeze)
     try:
         config.stash[_STATE] = State(config)
         config.stash[_COLLECTOR] = _Collector(config.stash[_STATE])
@@ -134,7 +135,7 @@ def _declared(config) -> State | None:
     """The state with the backend's declaration taken; None without a run, or when the
     backend failed to load (a usage error, already raised)."""
     state = _state(config)
-    return state.declared() if state is not None and state._declared is not False else None
+    return state.declared() if state is not None and not state.load_failed else None
 
 
 def pytest_ignore_collect(collection_path: Path, config):
@@ -177,8 +178,8 @@ class CaseFile(pytest.File):
                 for dtype in case.dtypes:
                     if dtypes and dtype not in dtypes:
                         continue
-                    yield CaseItem.from_parent(self, name=test_name(case, variant, dtype), case=case,
-                                               variant=variant, dtype=dtype)
+                    yield CaseItem.from_parent(self, name=test_name(case, variant, dtype),
+                                               case=case, variant=variant, dtype=dtype)
 
 
 def _whole_run(config) -> bool:
