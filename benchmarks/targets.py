@@ -20,8 +20,9 @@ Targets (issue 16):
 4. floor: for jax, tensorflow, torch and onnxruntime, the certification run's wall
    against the framework's floor for the same work: every backend call of that run
    recorded (benchmarks/recording.py) and replayed once, on the same inputs, in a fresh
-   interpreter with nothing checked (framework import, adapter construction, compiling
-   or building a session, running): <= 1.2x. Beside it, a bare pytest run of as many
+   interpreter with nothing checked (the program's start, framework import, adapter
+   construction, compiling or building a session, running; not its reading of the
+   recorded inputs, nor its exit): <= 1.2x. Beside it, a bare pytest run of as many
    items: no run can cost less than the floor plus that. For JAX, the programs XLA
    compiled in the run and in the replay, and their compile seconds. Medians of
    --repeat runs and replays with --floor-topics; on the whole spec, one of each.
@@ -59,6 +60,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench import BACKEND_ENV, BARE_TEST, COMMON_ENV, items_of, parse_summary, tail  # noqa: E402
+from options_known import PREFIX as OPTIONS_KNOWN  # noqa: E402
 
 FIGURES = HERE / "results-targets.json"
 RESULTS = HERE / "results.md"
@@ -151,6 +153,18 @@ def tox_envs(ini: Path = ROOT / "tox.ini") -> list[str]:
 def median(values):
     values = sorted(v for v in values if v is not None)
     return values[len(values) // 2] if values else None
+
+
+def replay_figures(started_at: float, replay: dict) -> dict:
+    """A replay's figures with its floor: the replaying program's time from its start
+    (time.time() before it was started) to its last call's return (a fresh interpreter's
+    start, NumPy's import, the framework's, the calls: what the same work costs as a
+    program of its own) less its seconds reading the recorded inputs. Not its exit, which
+    can take a framework a second and which a certification run does not wait for.
+    `program_seconds`: the part of the floor that is neither the load nor the calls."""
+    floor = replay["ended_at"] - started_at - replay["inputs_seconds"]
+    return {**replay, "floor": floor,
+            "program_seconds": floor - replay["load_seconds"] - replay["calls_seconds"]}
 
 
 class Targets:
@@ -283,24 +297,30 @@ class Targets:
             replay_env.setdefault(key, value)
         replays = []
         for _ in range(repeat):
-            _, _, rc, out = run([sys.executable, str(HERE / "recording.py"), "replay", backend,
-                                 str(record)], env=replay_env)
+            started_at = time.time()
+            _, _, rc, out = run([sys.executable, str(HERE / "recording.py"), "replay",
+                                 backend, str(record)], env=replay_env)
             if rc != 0:
                 raise RuntimeError(f"{backend}: the replay failed:\n{tail(out)}")
-            replays.append(json.loads(out.strip().splitlines()[-1]))
-        replays.sort(key=lambda r: r["load_seconds"] + r["calls_seconds"])
+            replays.append(replay_figures(started_at, json.loads(out.strip().splitlines()[-1])))
+        replays.sort(key=lambda r: r["floor"])
         replay = replays[len(replays) // 2]                 # the median replay
-        floor = replay["load_seconds"] + replay["calls_seconds"]
+        floor = replay["floor"]
         # pytest alone on as many items: a run cannot cost less than floor + that
         pytest_alone = median(self.bare(suite["items"])["wall"] for _ in range(repeat))
+        # no backend's process can start before pytest knows the options
+        self.options_known(cases)                   # its module compiled, as the others'
+        options_known = median(self.options_known(cases) for _ in range(repeat))
         # the runner's machinery with this backend: pytest, the plugin, the spec, the
         # backend's process (the framework's import) and the report, but cases that do nothing
         machinery = median(self.conformance(backend, cases=cases, pytest=NULL_CASES)["wall"]
                            for _ in range(repeat))
         figures = {"suite_wall": suite["wall"], "suite_walls": suite["walls"],
-                   "floors": [r["load_seconds"] + r["calls_seconds"] for r in replays],
+                   "floors": [r["floor"] for r in replays],
                    "items": suite["items"], "bare": pytest_alone, "machinery": machinery,
                    "ratio_with_pytest": suite["wall"] / (floor + pytest_alone),
+                   "options_known": options_known,
+                   "ratio_with_options": suite["wall"] / (floor + options_known),
                    "recorded_items": recorded["items"], "replay": replay, "floor": floor,
                    "ratio": suite["wall"] / floor, "target": TARGETS["floor"],
                    "topics": self.args.floor_topics or "all",
@@ -312,6 +332,19 @@ class Targets:
             figures["suite_compile_seconds"] = compiles["seconds"]
         shutil.rmtree(record, ignore_errors=True)
         return figures
+
+    def options_known(self, cases=None) -> float:
+        """Seconds from pytest's start to the moment a plugin knows the run's options
+        (benchmarks/options_known.py), with the same flags and the same case folder."""
+        env = dict(self.env, PYTHONPATH=os.pathsep.join(
+            [str(HERE)] + [p for p in [self.env.get("PYTHONPATH")] if p]))
+        started_at = time.time()
+        _, _, rc, out = run([*PYTEST, "-p", "options_known", "-p", "no:attention_conformance",
+                             str(cases or self.spec / "cases"), "-q"], env=env)
+        known = [line for line in (out or "").splitlines() if line.startswith(OPTIONS_KNOWN)]
+        if rc != 0 or not known:
+            raise RuntimeError(f"options_known: no time printed (rc {rc}):\n{tail(out)}")
+        return float(known[-1][len(OPTIONS_KNOWN):]) - started_at
 
     def spec_of(self, topics) -> Path:
         """A copy of the spec folder with only the case files of topics; its cases dir."""
@@ -535,13 +568,19 @@ def render(figures: dict) -> str:
                    f"{v['in_case_seconds']:.1f} s inside the cases, in-process)"), "≤ x1.5")
     for backend in FLOOR_BACKENDS:
         row(f"floor_{backend}", f"4. {backend} against its floor",
-            lambda v: (f"x{v['ratio']:.2f} (run {v['suite_wall']:.1f} s / floor "
-                       f"{v['floor']:.1f} s: load {v['replay']['load_seconds']:.1f} s + "
-                       f"{v['replay']['calls']} calls {v['replay']['calls_seconds']:.1f} s; "
+            lambda v: (f"x{v['ratio']:.2f} (run {v['suite_wall']:.2f} s / floor "
+                       f"{v['floor']:.2f} s: "
+                       + (f"the program's start {v['replay']['program_seconds']:.2f} s"
+                          " + " if "program_seconds" in v["replay"] else "")
+                       + f"load {v['replay']['load_seconds']:.2f} s + "
+                       f"{v['replay']['calls']} calls {v['replay']['calls_seconds']:.2f} s; "
                        f"topics: {v['topics'] if isinstance(v['topics'], str) else ', '.join(v['topics'])})"
-                       + (f"; pytest alone on {v['items']} items {v['bare']:.1f} s: run / (floor + "
+                       + (f"; pytest alone on {v['items']} items {v['bare']:.2f} s: run / (floor + "
                           f"that) x{v['ratio_with_pytest']:.2f}" if "bare" in v else "")
-                       + (f"; the same run with cases that do nothing {v['machinery']:.1f} s"
+                       + (f"; pytest's start until a plugin knows the options (no backend's "
+                          f"process starts before) {v['options_known']:.2f} s: run / (floor + "
+                          f"that) x{v['ratio_with_options']:.2f}" if "options_known" in v else "")
+                       + (f"; the same run with cases that do nothing {v['machinery']:.2f} s"
                           if "machinery" in v else "")
                        + (f"; programs compiled: run {v['suite_programs']} "
                           f"({v['suite_compile_seconds']:.1f} s), floor {v['replay']['programs']} "

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,6 +193,28 @@ def test_a_recorded_run_replays_every_call(tmp_path):
     assert replay.returncode == 0, replay.stderr
     figures = json.loads(replay.stdout.strip().splitlines()[-1])
     assert figures["calls"] == len(recorded) and figures["raised"] == 0
+    assert figures["inputs_seconds"] > 0 and figures["load_seconds"] > 0
+    assert abs(figures["ended_at"] - time.time()) < 60
+
+
+def test_the_floor_is_the_replaying_programs_wall_less_its_reading_of_the_inputs():
+    """What the same work costs outside the suite: the program from its start (its
+    interpreter's, NumPy's import) to its last call's return, not the recorded inputs'
+    reading, nor its exit."""
+    replay = {"calls": 3, "inputs_seconds": 0.25, "load_seconds": 0.7, "calls_seconds": 0.05,
+              "raised": 0, "programs": 0, "compile_seconds": 0.0, "ended_at": 101.2}
+    found = targets.replay_figures(100.0, replay)
+    assert abs(found["floor"] - 0.95) < 1e-9 and abs(found["program_seconds"] - 0.2) < 1e-9
+    figure = {"suite_wall": 1.9, "floor": found["floor"], "ratio": 2.0, "replay": found,
+              "topics": ["worked_examples"], "meets": False, "options_known": 0.12,
+              "ratio_with_options": 1.9 / (found["floor"] + 0.12)}
+    row = next(line for line in targets.render(
+        {"floor_torch": {"value": figure, "when": "", "load": []}}).splitlines()
+        if line.startswith("| 4. torch"))
+    assert ("floor 0.95 s: the program's start 0.20 s + load 0.70 s + 3 calls "
+            "0.05 s") in row, row
+    assert "knows the options (no backend's process starts before) 0.12 s: run / (floor + " \
+        "that) x1.78" in row, row
 
 
 def test_a_run_whose_cases_do_nothing_calls_no_backend(tmp_path, worked_examples_spec):
@@ -204,3 +227,18 @@ def test_a_run_whose_cases_do_nothing_calls_no_backend(tmp_path, worked_examples
         capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-500:]
+
+
+def test_the_moment_pytest_knows_the_options_is_measured_before_any_conftest(tmp_path):
+    """benchmarks/options_known.py ends pytest where the plugin starts the judge: before
+    any conftest.py is imported, with the clock's time printed between start and end."""
+    (tmp_path / "conftest.py").write_text("raise SystemExit('a conftest.py was imported')\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "benchmarks"))
+    started = time.time()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "options_known", "-p",
+                           "no:cacheprovider", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path, check=False)
+    ended = time.time()
+    assert done.returncode == 0 and "conftest" not in done.stdout + done.stderr, done
+    known = [line for line in done.stdout.splitlines() if line.startswith("options known at ")]
+    assert len(known) == 1 and started < float(known[0].split()[-1]) < ended, done.stdout
