@@ -117,6 +117,26 @@ def test_a_figure_within_its_bound_of_its_floor_says_so(tmp_path):
     assert line.startswith("speed targets: 0 of 2 measured meet, 1 more at their floor:"), line
 
 
+def test_a_floor_on_the_whole_spec_is_kept_beside_the_one_on_some_topics():
+    """--floor-topics and the whole spec are two figures: neither overwrites the other,
+    and both are on the page and in the summary line."""
+    assert targets.floor_key("torch", ["worked_examples"]) == "floor_torch"
+    assert targets.floor_key("torch", None) == "floor_torch_all"
+    def figure(ratio, topics):
+        value = {"ratio": ratio, "meets": ratio <= 1.2, "at_floor": False, "suite_wall": 2.0,
+                 "floor": 2.0 / ratio, "topics": topics,
+                 "replay": {"load_seconds": 0.5, "calls": 7, "calls_seconds": 0.1}}
+        return {"value": value, "when": "", "load": []}
+
+    figures = {"floor_torch": figure(1.1, ["worked_examples"]), "floor_torch_all": figure(2.0, "all")}
+    line = targets.summary_line(figures)
+    assert "torch floor x1.10 meets" in line and "torch floor (whole spec) x2.00 misses" in line
+    assert line.startswith("speed targets: 1 of 2 measured meet:"), line
+    rows = [r for r in targets.render(figures).splitlines() if r.startswith("| 4. torch")]
+    assert len(rows) == 2 and "whole spec" in rows[1] and "topics: all" in rows[1], rows
+    assert not [r for r in targets.render({}).splitlines() if "whole spec" in r]
+
+
 def test_the_cpu_stolen_by_the_hypervisor_is_read_and_shown_beside_its_figure():
     stat = "cpu  97367 0 15672 11181631 1499 0 1345 28180 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
     assert targets.stolen_seconds(stat) == 28180 / os.sysconf("SC_CLK_TCK")
@@ -172,6 +192,19 @@ def test_the_checked_in_results_page_is_its_figures_rendered():
     figures = json.loads((ROOT / "benchmarks" / "results-targets.json").read_text())
     page = (ROOT / "benchmarks" / "results.md").read_text(encoding="utf-8")
     assert page == targets.render(figures)
+
+
+def test_the_readme_counts_the_verdicts_of_the_checked_in_figures():
+    """The README's "N of the M figures meet, K more are at their floor" is what the
+    summary line of benchmarks/results-targets.json says."""
+    import re
+
+    figures = json.loads((ROOT / "benchmarks" / "results-targets.json").read_text())
+    line = targets.summary_line(figures)
+    met, judged, floored = re.match(
+        r"speed targets: (\d+) of (\d+) measured meet(?:, (\d+) more at their floor)?", line).groups()
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"{met} of the {judged} figures meet, {floored or 0} more are at their floor" in readme, line
 
 
 def test_a_recorded_run_replays_every_call(tmp_path):
