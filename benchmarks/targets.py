@@ -23,7 +23,10 @@ Targets (issue 16):
    interpreter with nothing checked (the program's start, framework import, adapter
    construction, compiling or building a session, running; not its reading of the
    recorded inputs, nor its exit): <= 1.2x. Beside it, a bare pytest run of as many
-   items: no run can cost less than the floor plus that. For JAX, the programs XLA
+   items: no run can cost less than the floor plus that; pytest's start until a plugin
+   knows the options; and NumPy's run of the same tests, the suite's own work on them
+   (a run costing no more than the floor plus that adds nothing of its own for the
+   framework). For JAX, the programs XLA
    compiled in the run and in the replay, and their compile seconds. Medians of
    --repeat runs and replays with --floor-topics; on the whole spec, one of each.
 5. growth: what each case family costs, per case and per item, on NumPy and on JAX
@@ -317,12 +320,18 @@ class Targets:
         # backend's process (the framework's import) and the report, but cases that do nothing
         machinery = median(self.conformance(backend, cases=cases, pytest=NULL_CASES)["wall"]
                            for _ in range(repeat))
+        # the suite's own work on these tests (inputs, checks, properties, pytest), with a
+        # backend whose calls cost next to nothing: NumPy's run of the same folder
+        suite_on_numpy = median(self.conformance("numpy", cases=cases)["wall"]
+                                for _ in range(repeat))
         figures = {"suite_wall": suite["wall"], "suite_walls": suite["walls"],
                    "floors": [r["floor"] for r in replays],
                    "items": suite["items"], "bare": pytest_alone, "machinery": machinery,
                    "ratio_with_pytest": suite["wall"] / (floor + pytest_alone),
                    "options_known": options_known,
                    "ratio_with_options": suite["wall"] / (floor + options_known),
+                   "numpy_run": suite_on_numpy,
+                   "ratio_with_numpy_run": suite["wall"] / (floor + suite_on_numpy),
                    "recorded_items": recorded["items"], "replay": replay, "floor": floor,
                    "ratio": suite["wall"] / floor, "target": TARGETS["floor"],
                    "topics": self.args.floor_topics or "all",
@@ -596,6 +605,9 @@ def render(figures: dict) -> str:
                        + (f"; pytest's start until a plugin knows the options (no backend's "
                           f"process starts before) {v['options_known']:.2f} s: run / (floor + "
                           f"that) x{v['ratio_with_options']:.2f}" if "options_known" in v else "")
+                       + (f"; NumPy's run of the same tests (the suite's own work) "
+                          f"{v['numpy_run']:.2f} s: run / (floor + that) "
+                          f"x{v['ratio_with_numpy_run']:.2f}" if "numpy_run" in v else "")
                        + (f"; the same run with cases that do nothing {v['machinery']:.2f} s"
                           if "machinery" in v else "")
                        + (f"; programs compiled: run {v['suite_programs']} "

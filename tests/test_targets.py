@@ -240,7 +240,8 @@ def test_the_floor_is_the_replaying_programs_wall_less_its_reading_of_the_inputs
     assert abs(found["floor"] - 0.95) < 1e-9 and abs(found["program_seconds"] - 0.2) < 1e-9
     figure = {"suite_wall": 1.9, "floor": found["floor"], "ratio": 2.0, "replay": found,
               "topics": ["worked_examples"], "meets": False, "options_known": 0.12,
-              "ratio_with_options": 1.9 / (found["floor"] + 0.12)}
+              "ratio_with_options": 1.9 / (found["floor"] + 0.12), "numpy_run": 1.05,
+              "ratio_with_numpy_run": 1.9 / (found["floor"] + 1.05)}
     row = next(line for line in targets.render(
         {"floor_torch": {"value": figure, "when": "", "load": []}}).splitlines()
         if line.startswith("| 4. torch"))
@@ -248,6 +249,8 @@ def test_the_floor_is_the_replaying_programs_wall_less_its_reading_of_the_inputs
             "0.05 s") in row, row
     assert "knows the options (no backend's process starts before) 0.12 s: run / (floor + " \
         "that) x1.78" in row, row
+    assert "NumPy's run of the same tests (the suite's own work) 1.05 s: run / (floor + that) " \
+        "x0.95" in row, row
 
 
 def test_a_run_whose_cases_do_nothing_calls_no_backend(tmp_path, worked_examples_spec):
