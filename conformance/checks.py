@@ -18,7 +18,7 @@ from .interface import policy_for
 from .ops import OPS
 from .outcomes import CheckFailure
 from .policies import POLICY_TABLE, ROW_BY_ROW
-from .properties import PROPERTIES
+from .properties import CALLS_BACKEND, PROPERTIES
 from .reference import padded_queries
 from .statistics import STATISTICS
 
@@ -256,6 +256,40 @@ def policy_outcome(ctx: Context, policies: dict) -> float:
                                f"case does not allow ({', '.join(choices)})")
         ratio = max(ratio, check_outcome(ctx, choices[choice], (name, choice)))
     return ratio
+
+
+@dataclass
+class _Planning(Context):
+    """A Context without outputs whose call() records the call (planned_calls)."""
+    planned: list = field(default_factory=list)
+
+    def call(self, arrays=None, op=None, **params):
+        op = op or self.case.op
+        merged = dict(self.case.params if op == self.case.op else {}, **params)
+        self.planned.append((op, arrays or self.arrays, merged))
+        return (None, None)             # what the property then does with it fails
+
+
+def planned_calls(ctx: Context) -> list:
+    """The calls the properties of the case (and of the policy the backend declares) will
+    make, as (op, arrays, params): each property is run without the outputs, which it
+    reads only after its calls (properties.py), so that an isolated backend computes
+    them with the test's own first call."""
+    planning = _Planning(**{f: getattr(ctx, f) for f in Context.__dataclass_fields__})
+    expect, outcomes = ctx.case.expect, [ctx.case.expect]
+    declared = policy_for(ctx.backend, ctx.case.op) if "policy" in expect else {}
+    for name, choices in expect.get("policy", {}).items():
+        outcomes.append(choices.get(declared.get(name), {}))
+    for outcome in outcomes:
+        for prop in outcome.get("properties") or ():
+            name, args = (prop, {}) if isinstance(prop, str) else next(iter(prop.items()))
+            if name not in CALLS_BACKEND:
+                continue
+            try:
+                PROPERTIES[name](planning, **args)
+            except Exception:       # past its calls, it needs the outputs
+                pass
+    return planning.planned
 
 
 def check_statistics(ctx: Context, statistics) -> float:

@@ -37,6 +37,8 @@ MAPS_SHARE = 0.8            # a process holding this share of vm.max_map_count i
 #: and each way of the socket holds launch.SOCKET_BYTES before a write waits (two writes
 #: waiting on each other: a hang)
 AHEAD_BYTES = 32 * 1024
+#: how many calls of a test's properties may be sent ahead beyond `ahead` (prefetch)
+PLANNED_ROOM = 2
 #: seconds an answer may keep this process waiting before before_wait() is called
 WAIT_BRIEFLY = 0.001
 
@@ -219,23 +221,26 @@ class IsolatedBackend:
         self._held_mib = _memory_mib(answer, self._held_mib)
         self.held_maps = _maps(answer, self.held_maps)
 
-    def prefetch(self, op: str, args, kwargs) -> bool:
+    def prefetch(self, op: str, args, kwargs, by_content: bool = False) -> bool:
         """Send a call ahead of time: the backend's process computes it while this one goes
         on (checking the outputs of the test before), and call() with the very same
         arguments (the same array objects) takes its answer, even after other calls
         overtook it. Up to `ahead` calls, only into a running process; False when nothing
-        was sent (can_prefetch() says whether another call would be)."""
+        was sent (can_prefetch() says whether another call would be). by_content: a
+        call whose arrays a caller will build again (a property's): any call with
+        arrays of the same bytes takes its answer, and it may go PLANNED_ROOM beyond
+        `ahead`."""
         size = sum(a.nbytes for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
-        if not self.can_prefetch(size):
+        if not self.can_prefetch(size, PLANNED_ROOM if by_content else 0):
             return False
         self._send(op, args, kwargs, hold=True)   # written by flush(), or before any wait
-        self._sent_ahead.append(_Pending(op, args, kwargs, size))
+        self._sent_ahead.append(_Pending(op, args, kwargs, size, by_content))
         return True
 
-    def can_prefetch(self, size: int = 0) -> bool:
+    def can_prefetch(self, size: int = 0, room: int = 0) -> bool:
         """Would a call of `size` bytes of inputs be sent ahead now (the first at any size,
-        the others within AHEAD_BYTES)?"""
-        return len(self._sent_ahead) < self.ahead and self._proc is not None \
+        the others within AHEAD_BYTES), with `room` more calls than `ahead` allowed?"""
+        return len(self._sent_ahead) < self.ahead + room and self._proc is not None \
             and not self._restart_due() \
             and (not self._sent_ahead or self._bytes_ahead() + size <= AHEAD_BYTES)
 
@@ -328,14 +333,24 @@ class _Pending:
     """A call sent ahead: it answers a later call with the same op, the same array objects
     (identity: comparing contents would cost what the call saves) and equal params."""
 
-    def __init__(self, op, args, kwargs, size=0):
+    def __init__(self, op, args, kwargs, size=0, by_content=False):
         self.op, self.args, self.kwargs, self.size = op, tuple(args), dict(kwargs), size
+        self.by_content = by_content
 
     def matches(self, op, args, kwargs) -> bool:
+        same = _same_bytes if self.by_content else _same
         return (op == self.op and len(args) == len(self.args)
-                and all(a is b for a, b in zip(args, self.args))
+                and all(same(a, b) for a, b in zip(args, self.args))
                 and kwargs.keys() == self.kwargs.keys()
-                and all(_same(kwargs[k], self.kwargs[k]) for k in kwargs))
+                and all(same(kwargs[k], self.kwargs[k]) for k in kwargs))
+
+
+def _same_bytes(a, b) -> bool:
+    """Arrays of one dtype, shape and bytes (NaN payloads included); else _same."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a is b or (a.dtype == b.dtype and a.shape == b.shape
+                          and a.tobytes() == b.tobytes())
+    return _same(a, b)
 
 
 def _same(a, b) -> bool:

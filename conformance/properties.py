@@ -2,7 +2,9 @@
 
 Each property takes the run's Context (and the keyword arguments the case gives it)
 and raises CheckFailure with what it saw. Tolerances come from the spec folder's rule
-(ctx.tolerances).
+(ctx.tolerances). A property that calls the backend again makes its calls before it
+reads the outputs: an isolated run finds those calls before the test's own first call
+is answered (checks.planned_calls), and sends them ahead with it.
 """
 
 from __future__ import annotations
@@ -16,11 +18,19 @@ from .ops import OPS
 from .outcomes import CheckFailure
 
 PROPERTIES = {}
+#: the properties that call the backend again (each makes its calls before it reads the
+#: outputs): checks.planned_calls runs these alone
+CALLS_BACKEND = set()
 
 
-def prop(func):
-    PROPERTIES[func.__name__] = func
-    return func
+def prop(func=None, *, calls_backend: bool = False):
+    """Register a property (@prop, or @prop(calls_backend=True) for one that calls)."""
+    def register(func):
+        PROPERTIES[func.__name__] = func
+        if calls_backend:
+            CALLS_BACKEND.add(func.__name__)
+        return func
+    return register(func) if func is not None else register
 
 
 def _tol(ctx, magnitude=1.0):
@@ -107,16 +117,16 @@ def _permuted(ctx, perm_q, perm_k):
     return arrays
 
 
-@prop
+@prop(calls_backend=True)
 def permutation_equivariant(ctx: Context, seed: int = 0):
     """Permuting tokens permutes the output rows the same way (no causal, no window)."""
-    out = _first(ctx)
     rng = np.random.RandomState(seed)
     lq = ctx.arrays[_query_side(ctx)[0]].shape[-2]
     lk = ctx.arrays[_key_side(ctx)[0]].shape[-2]
     perm_q = rng.permutation(lq)
     perm_k = perm_q if ctx.case.op == "self_attention" else rng.permutation(lk)
     got = ctx.call(_permuted(ctx, perm_q, perm_k))[0]
+    out = _first(ctx)
     expected = np.take(out, perm_q, axis=-2)
     if ctx.case.op == "attention_weights":
         expected = np.take(expected, perm_k, axis=-1)
@@ -144,11 +154,10 @@ def identical_tokens_identical_outputs(ctx: Context):
         raise CheckFailure(f"the case has no identical tokens in {name!r} to compare")
 
 
-@prop
+@prop(calls_backend=True)
 def causal_future_independent(ctx: Context, seed: int = 7):
     """Changing tokens after position t leaves the outputs of queries <= t unchanged."""
-    out = _first(ctx)
-    lq = out.shape[-2]
+    lq = ctx.arrays[_query_side(ctx)[0]].shape[-2]
     lk = ctx.arrays[_key_side(ctx)[0]].shape[-2]
     t = lq // 2
     first_future_key = t + 1 + (lk - lq if ctx.params.get("causal") == "bottom_right" else 0)
@@ -160,24 +169,25 @@ def causal_future_independent(ctx: Context, seed: int = 7):
         changed[..., first_future_key:, :] = rng.standard_normal(future.shape) * 3.0
         arrays[name] = ctx.cast(changed)
     got = ctx.call(arrays)[0]
+    out = _first(ctx)
     _close(got[..., : t + 1, :], out[..., : t + 1, :], _tol(ctx, np.max(np.abs(out))),
            f"outputs of queries 0..{t} after changing keys from {first_future_key}")
 
 
-@prop
+@prop(calls_backend=True)
 def softmax_shift_invariant(ctx: Context, shift: float = 8.0):
     """softmax(x + c) equals softmax(x) for a constant c added to every entry."""
-    out = _first(ctx)
     shifted = ctx.cast(ctx.exact_inputs["x"] + shift)
     axis = ctx.params.get("axis", -1)
     got = ctx.call({"x": shifted})[0]
+    out = _first(ctx)
     # rounding x + c to the dtype moves the inputs a little; allow what that moves exactly
     moved = np.abs(reference.softmax(np.asarray(shifted, dtype=np.float64), axis=axis)
                    - reference.softmax(ctx.exact_inputs["x"], axis=axis))
     _close(got, out, _tol(ctx) + float(np.nanmax(moved, initial=0.0)), "softmax of shifted input")
 
 
-@prop
+@prop(calls_backend=True)
 def key_value_equals_plain(ctx: Context):
     """Key-value attention with V = K equals the weighted sum of the keys themselves."""
     if not np.array_equal(ctx.exact_inputs["k"], ctx.exact_inputs["v"]):
@@ -249,12 +259,11 @@ def _merged(outs, lses):
     return out, lse
 
 
-@prop
+@prop(calls_backend=True)
 def split_kv_merge(ctx: Context, split: int | None = None):
     """sdpa_lse on keys [0, m) and [m, Lk) (the sink with the first half), merged with
     weights exp(lse_i - lse), equals sdpa_lse on all keys: split-KV decoding and ring
     attention merge partial results this way."""
-    out, lse = ctx.outputs["out"], ctx.outputs["lse"]
     lk = ctx.arrays["k"].shape[-2]
     m = lk // 2 if split is None else split
     if not 0 < m < lk:
@@ -269,6 +278,7 @@ def split_kv_merge(ctx: Context, split: int | None = None):
     params = {"causal": None, "window": None}       # folded into the halves' masks
     halves = [ctx.call(first, **params),
               ctx.call(_key_half(ctx, ctx.arrays, keep, slice(m, lk)), **params)]
+    out, lse = ctx.outputs["out"], ctx.outputs["lse"]
     got_out, got_lse = _merged([h[0] for h in halves], [h[1] for h in halves])
     same = np.isfinite(got_lse) == np.isfinite(lse)
     if not np.all(same):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .calling import call_arguments, call_checked, cast_inputs, checked_outputs
-from .checks import Result, judge
+from .checks import Result, judge, planned_calls
 from .context import Context
 from .golden_compute import rounded_inputs
 from .outcomes import Unsupported
@@ -32,15 +32,34 @@ def run_case(backend, case, variant, dtype, golden, prepared=None, called=None) 
 
 def send_ahead(backend, case, variant, dtype):
     """Send the first call of a test to an isolated backend before the test runs, so that
-    its process computes it while the test before is checked. What run_case is
-    then given as `prepared` (the same array objects, which is how the call is matched),
-    or None when nothing was sent."""
+    its process computes it while the test before is checked, and the calls its
+    properties will make after it (matched by their inputs' bytes), as far as the
+    backend takes them. What run_case is then given as `prepared` (the same array
+    objects, which is how the first call is matched), or None when nothing was sent."""
     if dtype not in set(backend.dtypes) or getattr(backend, case.op, None) is None:
         return None
     prepared = _inputs(case, variant, dtype)
     positional, keywords = call_arguments(case.op, prepared[1])
-    return prepared if backend.prefetch(case.op, positional, {**keywords, **case.params}) \
-        else None
+    if not backend.prefetch(case.op, positional, {**keywords, **case.params}):
+        return None
+    _send_planned(backend, Context(backend, case, variant, dtype, prepared[1], prepared[0],
+                                   None, None, None))
+    return prepared
+
+
+def _send_planned(backend, ctx) -> None:
+    """Send the calls the test's properties will make (checks.planned_calls) after its
+    first, as far as the backend takes them."""
+    try:
+        planned = planned_calls(ctx)
+    except Exception:            # each property meets the same error when it is checked
+        return
+    for op, arrays, params in planned:
+        if getattr(backend, op, None) is None:
+            continue
+        positional, keywords = call_arguments(op, arrays)
+        if not backend.prefetch(op, positional, {**keywords, **params}, by_content=True):
+            return
 
 
 def _inputs(case, variant, dtype):

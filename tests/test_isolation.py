@@ -304,6 +304,30 @@ def test_a_call_sent_ahead_answers_the_same_call_once(counting):
     assert counting.sdpa(q, q, q, scale=0.25).flat[0] == 6         # other params: 5 dropped
 
 
+def test_a_call_sent_ahead_by_content_answers_a_call_of_the_same_bytes(counting):
+    """A property's call, sent ahead with the test's first, is built again when the
+    property runs: arrays of the same dtype, shape and bytes take its answer, others
+    do not. Such calls may go PLANNED_ROOM beyond the calls ahead."""
+    from attention_conformance.isolation import PLANNED_ROOM
+
+    q = _q(0.0)
+    assert counting.prefetch("sdpa", (q, q, q), {})                  # the test's first
+    for _ in range(PLANNED_ROOM):
+        twin = q.copy()
+        assert counting.prefetch("sdpa", (twin, twin, twin), {}, by_content=True)
+    assert not counting.prefetch("sdpa", (q, q, q), {}, by_content=True)   # no more room
+    assert not counting.prefetch("sdpa", (_q(1.0),) * 3, {})               # nor ahead
+    assert counting.sdpa(q, q, q).flat[0] == 1
+    assert counting.sdpa(q.copy(), q.copy(), q.copy()).flat[0] == 2     # the same bytes
+    other = _q(5.0)
+    assert counting.sdpa(other, other, other).flat[0] == 4     # not them: 3 parked
+    assert counting.sdpa(q.copy(), q.copy(), q.copy()).flat[0] == 3     # the parked one
+    twin = q.copy()
+    assert counting.prefetch("sdpa", (twin, twin, twin), {}, by_content=True)
+    same_bytes = q.view("int32")                                # but another dtype
+    assert counting.sdpa(same_bytes, same_bytes, same_bytes).flat[0] == 6   # 5 parked
+
+
 def test_a_call_sent_ahead_that_hangs_or_crashes_is_blamed_on_no_other_call(counting):
     fine = _q(0.0)
     for poison in (_q(42.0), _q(13.0)):           # hangs, then segfaults

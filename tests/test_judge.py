@@ -71,10 +71,12 @@ def test_a_backend_that_fails_to_load_is_one_clear_error(worked_examples_spec):
 
 
 def test_the_readme_numbers_of_calls_sent_ahead():
-    """The README: up to 4 first calls sent ahead, at most 32 KiB of inputs unless one
-    call alone is larger, on sockets that hold that and its answers each way."""
+    """The README: up to 4 first calls sent ahead, and up to 2 calls of their properties
+    beyond those, at most 32 KiB of inputs unless one call alone is larger, on sockets
+    that hold that and its answers each way."""
     from attention_conformance import isolation, judge_process, launch
     assert judge_process.AHEAD == 4 and isolation.AHEAD_BYTES == 32 * 1024
+    assert isolation.PLANNED_ROOM == 2
     assert launch.SOCKET_BYTES >= 4 * isolation.AHEAD_BYTES
 
 
