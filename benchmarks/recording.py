@@ -174,8 +174,7 @@ def replay(name: str, directory: Path) -> dict:
             raised += 1
     calls_seconds = time.perf_counter() - started
     return {"ended_at": time.time(), "calls": len(calls), "inputs_seconds": inputs,
-            "load_seconds": loaded,
-            "calls_seconds": calls_seconds,
+            "load_seconds": loaded, "calls_seconds": calls_seconds,
             "raised": raised, "programs": compiles.programs,
             "compile_seconds": compiles.seconds}
 

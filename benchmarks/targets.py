@@ -348,7 +348,7 @@ class Targets:
         """Seconds from pytest's start to the moment a plugin knows the run's options
         (benchmarks/options_known.py), with the same flags and the same case folder."""
         env = dict(self.env, PYTHONPATH=os.pathsep.join(
-            [str(HERE)] + [p for p in [self.env.get("PYTHONPATH")] if p]))
+            filter(None, [str(HERE), self.env.get("PYTHONPATH")])))
         started_at = time.time()
         _, _, rc, out = run([*PYTEST, "-p", "options_known", "-p", "no:attention_conformance",
                              str(cases or self.spec / "cases"), "-q"], env=env)

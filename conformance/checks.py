@@ -18,7 +18,7 @@ from .interface import policy_for
 from .ops import OPS
 from .outcomes import CheckFailure
 from .policies import POLICY_TABLE, ROW_BY_ROW
-from .properties import CALLS_BACKEND, PROPERTIES
+from .properties import CALLS_BACKEND, PROPERTIES, property_entry
 from .reference import padded_queries
 from .statistics import STATISTICS
 
@@ -156,7 +156,7 @@ def check_close(ctx: Context, close: dict, policy=None) -> None:
 def check_properties(ctx: Context, properties, policy=None) -> None:
     problems = []
     for prop in properties:
-        name, args = (prop, {}) if isinstance(prop, str) else next(iter(prop.items()))
+        name, args = property_entry(prop)
         try:
             PROPERTIES[name](ctx, **args)
         except CheckFailure as exc:
@@ -264,9 +264,7 @@ class _Planning(Context):
     planned: list = field(default_factory=list)
 
     def call(self, arrays=None, op=None, **params):
-        op = op or self.case.op
-        merged = dict(self.case.params if op == self.case.op else {}, **params)
-        self.planned.append((op, arrays or self.arrays, merged))
+        self.planned.append(self.request(arrays, op, params))
         return (None, None)             # what the property then does with it fails
 
 
@@ -282,7 +280,7 @@ def planned_calls(ctx: Context) -> list:
         outcomes.append(choices.get(declared.get(name), {}))
     for outcome in outcomes:
         for prop in outcome.get("properties") or ():
-            name, args = (prop, {}) if isinstance(prop, str) else next(iter(prop.items()))
+            name, args = property_entry(prop)
             if name not in CALLS_BACKEND:
                 continue
             try:

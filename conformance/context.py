@@ -30,10 +30,15 @@ class Context:
 
     def call(self, arrays=None, op=None, **params):
         """Call the backend again (metamorphic properties), returning float64 outputs."""
-        op = op or self.case.op
-        merged = dict(self.case.params if op == self.case.op else {}, **params)
-        raw = call_checked(self.backend, op, arrays or self.arrays, merged)
+        raw = call_checked(self.backend, *self.request(arrays, op, params))
         return [np.array(r, dtype=np.float64, subok=False) for r in raw]
+
+    def request(self, arrays, op, params) -> tuple:
+        """(op, arrays, params) of a call(): the case's op, inputs and params by default
+        (its params only for its own op)."""
+        op = op or self.case.op
+        return op, arrays or self.arrays, dict(self.case.params if op == self.case.op else {},
+                                               **params)
 
     def cast(self, array):
         """A float64 array as the backend receives it (the case dtype; bool unchanged)."""

@@ -33,6 +33,11 @@ def prop(func=None, *, calls_backend: bool = False):
     return register(func) if func is not None else register
 
 
+def property_entry(entry) -> tuple[str, dict]:
+    """(name, keyword arguments) of a case's property entry: a name, or {name: {args}}."""
+    return (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
+
+
 def _tol(ctx, magnitude=1.0):
     return ctx.tolerances.prop(ctx.dtype, magnitude)
 

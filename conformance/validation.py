@@ -24,7 +24,7 @@ from .inputs import build_inputs, planned_shapes
 from .ops import OPS, output_shapes
 from .shapes import score_shape
 from .policies import POLICIES, TOLERANCE_POLICIES
-from .properties import PROPERTIES
+from .properties import PROPERTIES, property_entry
 from .spec_yaml import SpecError
 from .statistics import STATISTICS
 
@@ -176,7 +176,7 @@ def _check_expect(case, arrays) -> list[str]:
                 problems.append(f"close {target!r}: {exc}")
             problems += _check_close_tolerance(case, target, entry)
         for prop in outcome.get("properties", ()):
-            name, args = (prop, {}) if isinstance(prop, str) else next(iter(prop.items()))
+            name, args = property_entry(prop)
             if name not in PROPERTIES:
                 problems.append(f"unknown property {name!r} (known: {', '.join(sorted(PROPERTIES))})")
             else:

@@ -15,7 +15,7 @@ from attention_conformance.checks import planned_calls
 from attention_conformance.context import Context
 from attention_conformance.golden_store import GoldenStore
 from attention_conformance.ops import OPS
-from attention_conformance.properties import CALLS_BACKEND, PROPERTIES
+from attention_conformance.properties import CALLS_BACKEND, PROPERTIES, property_entry
 from attention_conformance.runner import _inputs, run_case
 from attention_conformance.spec_folder import default_folder
 
@@ -44,8 +44,7 @@ def _calling_tests():
     for case in real_spec().cases:
         if case.profile != "quick":
             continue
-        names = {p if isinstance(p, str) else next(iter(p)) for p in
-                 case.expect.get("properties") or ()}
+        names = {property_entry(p)[0] for p in case.expect.get("properties") or ()}
         if names & CALLS_BACKEND:
             yield pytest.param(case, id=f"{case.topic}/{case.id}")
 
