@@ -74,15 +74,30 @@ def pytest_load_initial_conftests(early_config, parser, args):
     pytest's start-up and the spec's loading: the judge's process, which starts the
     backend's first thing (judge_process.py). Isolated, nothing of a test runs in
     pytest's own process (the backend's and the judge's output go to logs of their own),
-    so pytest captures nothing there: capturing each test cost ~0.1 ms."""
+    so pytest captures nothing there: capturing each test cost ~0.1 ms, and its logging
+    plugin's capture of each test's log records ~0.03 ms (kept when the run asks for
+    logs: a --log-* option, or log_cli or log_file in the ini file)."""
     known = early_config.known_args_namespace
     if getattr(known, "backend", None):
         known.noconftest = True
         if not known.in_process:
             known.capture = "no"
+            if not _logs_asked(early_config, known):
+                early_config.pluginmanager.set_blocked("logging-plugin")
             from .launch import judge_options, start_early    # no NumPy yet
             start_early(early_config, judge_options(lambda name: getattr(known, name)))
     return (yield)
+
+
+def _logs_asked(config, known) -> bool:
+    """Did the run ask pytest for logs: a --log-* option, or log_cli or log_file in its ini?"""
+    if any(value not in (None, []) for name, value in vars(known).items()
+           if name.startswith("log")):
+        return True
+    try:
+        return bool(config.getini("log_cli") or config.getini("log_file"))
+    except ValueError:              # a pytest without these ini options
+        return False
 
 
 def pytest_configure(config):

@@ -25,23 +25,25 @@ class WireError(Exception):
     """A message that is not what the protocol says."""
 
 
+_LEAVES = frozenset((str, int, float, bool, type(None)))
+
+
 def _encode(value, buffers: list):
-    if isinstance(value, np.ndarray) and type(value) is np.ndarray:
+    kind = type(value)
+    if kind in _LEAVES:                 # most of a message: its leaves, first
+        return value
+    if kind is dict and all(type(k) is str for k in value):
+        return {"__dict__": {k: _encode(v, buffers) for k, v in value.items()}}
+    if kind is list or kind is tuple:
+        return {"__tuple__" if kind is tuple else "__list__": [_encode(v, buffers) for v in value]}
+    if kind is np.ndarray:
         name = _NAMES.get(value.dtype)
         if name is None:
             return {"__object__": f"numpy.ndarray of dtype {value.dtype}"}
         buffers.append(np.ascontiguousarray(value).tobytes())
         return {"__array__": len(buffers) - 1, "dtype": name, "shape": list(value.shape)}
     if isinstance(value, np.ndarray):          # a subclass: refused by the runner
-        return {"__object__": f"{type(value).__module__}.{type(value).__name__}",
-                "subclass": True}
-    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
-        return {"__tuple__" if isinstance(value, tuple) else "__list__":
-                [_encode(v, buffers) for v in value]}
-    if isinstance(value, dict) and type(value) is dict and all(isinstance(k, str) for k in value):
-        return {"__dict__": {k: _encode(v, buffers) for k, v in value.items()}}
-    if value is None or type(value) in (bool, int, float, str):
-        return value
+        return {"__object__": f"{kind.__module__}.{kind.__name__}", "subclass": True}
     return {"__object__": f"{type(value).__module__}.{type(value).__name__}"}
 
 

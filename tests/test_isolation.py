@@ -406,9 +406,21 @@ class _EarlyConfig:
     def __init__(self, **options):
         self.known_args_namespace = argparse.Namespace(**options)
         self.cleanups = []
+        self.pluginmanager = _Plugins()
 
     def add_cleanup(self, func):
         self.cleanups.append(func)
+
+    def getini(self, name):
+        return None
+
+
+class _Plugins:
+    def __init__(self):
+        self.blocked = set()
+
+    def set_blocked(self, name):
+        self.blocked.add(name)
 
 
 EARLY_REFERENCE = "numpy"
@@ -450,6 +462,9 @@ class Config:
     known_args_namespace = argparse.Namespace(backend="numpy", in_process=False, device=None,
                                               restart_every=0, restart_above=0, spec_dir=None,
                                               capture="fd")
+    class pluginmanager:
+        def set_blocked(name): pass
+    def getini(self, name): return None
     def add_cleanup(self, func): self.cleanup = func
 config = Config()
 next(plugin.pytest_load_initial_conftests(early_config=config, parser=None, args=[]))
@@ -480,6 +495,37 @@ def test_an_in_process_run_starts_no_process_early():
     config = _early(in_process=True)
     assert take_early(config) is None
     assert config.known_args_namespace.capture == "fd"      # the backend runs (and prints) here
+
+
+#: a plugin that writes whether pytest's logging plugin took part in the run
+LOGGING_PROBE = """
+import os
+def pytest_sessionfinish(session):
+    with open(os.environ["LOGGING_PROBE_OUT"], "w") as f:
+        f.write(str(session.config.pluginmanager.has_plugin("logging-plugin")))
+"""
+
+
+@pytest.mark.parametrize("options, registered", [
+    ((), False),                                # nothing of a test logs in pytest's process
+    (("--log-cli-level", "INFO"), True),        # logs asked for
+    (("--in-process",), True),                  # the backend runs (and logs) here
+])
+def test_pytests_log_capture_is_left_out_of_an_isolated_run_unless_asked(
+        tmp_path, worked_examples_spec, options, registered):
+    (tmp_path / "logging_probe.py").write_text(LOGGING_PROBE)
+    out = tmp_path / "registered"
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "LOGGING_PROBE_OUT": str(out),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(worked_examples_spec), "--spec-dir",
+         str(worked_examples_spec), "-p", "attention_conformance.plugin", "-p", "logging_probe",
+         "-p", "no:cacheprovider", "-q",
+         "--backend", "numpy", "-k", SELECT, "--dtype", "float64", *options],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert out.read_text() == str(registered)
+    assert _early().pluginmanager.blocked == {"logging-plugin"}
 
 
 def test_tests_whose_calls_are_sent_ahead_keep_their_own_statuses(tmp_path, worked_examples_spec):

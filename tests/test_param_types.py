@@ -34,6 +34,27 @@ def test_the_wire_keeps_lists_ints_floats_and_none():
     assert type(back["window"]) is list and type(back["scale"]) is int
 
 
+def test_what_is_not_plain_data_crosses_the_wire_as_its_type_name_alone():
+    import collections
+
+    import numpy as np
+
+    class Text(str):
+        pass
+
+    pair = collections.namedtuple("Pair", "a b")
+    sent = {"keys": {1: "one"}, "text": Text("x"), "pair": pair(1, 2), "scalar": np.float32(1),
+            "set": {1}, "matrix": np.asmatrix(np.eye(2)), "float128": np.zeros(2, np.longdouble)}
+    buffers = []
+    back = wire._decode(wire._encode(sent, buffers), buffers)
+    assert all(isinstance(v, wire.Foreign) for v in back.values()), back
+    assert back["matrix"].subclass and not back["keys"].subclass
+    assert {k: v.type_name for k, v in back.items()} == {
+        "keys": "builtins.dict", "text": f"{__name__}.Text", "pair": f"{__name__}.Pair",
+        "scalar": "numpy.float32", "set": "builtins.set", "matrix": "numpy.matrix",
+        "float128": "numpy.ndarray of dtype float128"}
+
+
 def test_multi_head_attention_broadcasts_the_batch_dims_of_query_key_and_value():
     import numpy as np
 
