@@ -449,6 +449,7 @@ def test_an_isolated_run_starts_the_judge_before_pytest_configures():
         judge.close()
     assert config.known_args_namespace.noconftest is True
     assert config.known_args_namespace.capture == "no"      # nothing of a test runs here
+    assert config.pluginmanager.blocked == {"logging-plugin"}     # nor logs there
 
 
 def test_the_judge_process_starts_before_the_runner_imports_numpy():
@@ -495,6 +496,7 @@ def test_an_in_process_run_starts_no_process_early():
     config = _early(in_process=True)
     assert take_early(config) is None
     assert config.known_args_namespace.capture == "fd"      # the backend runs (and prints) here
+    assert not config.pluginmanager.blocked
 
 
 #: a plugin that writes whether pytest's logging plugin took part in the run
@@ -525,7 +527,6 @@ def test_pytests_log_capture_is_left_out_of_an_isolated_run_unless_asked(
         capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert out.read_text() == str(registered)
-    assert _early().pluginmanager.blocked == {"logging-plugin"}
 
 
 def test_tests_whose_calls_are_sent_ahead_keep_their_own_statuses(tmp_path, worked_examples_spec):
