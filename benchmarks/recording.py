@@ -160,8 +160,10 @@ class MapsKept:
         self.limit, self.counter, self.cleared = maps_limit(), MapCounter(), 0
 
     def keep_under_limit(self):
+        if "jax" not in sys.modules or not self.limit:     # nothing to drop, or no limit
+            return
         count = self.counter.count()
-        if not (self.limit and count and count > self.limit and "jax" in sys.modules):
+        if not count or count <= self.limit:
             return
         import gc
 

@@ -273,20 +273,20 @@ def planned_calls(ctx: Context) -> list:
     make, as (op, arrays, params): each property is run without the outputs, which it
     reads only after its calls (properties.py), so that an isolated backend computes
     them with the test's own first call."""
-    planning = _Planning(**{f: getattr(ctx, f) for f in Context.__dataclass_fields__})
     expect, outcomes = ctx.case.expect, [ctx.case.expect]
     declared = policy_for(ctx.backend, ctx.case.op) if "policy" in expect else {}
     for name, choices in expect.get("policy", {}).items():
         outcomes.append(choices.get(declared.get(name), {}))
-    for outcome in outcomes:
-        for prop in outcome.get("properties") or ():
-            name, args = property_entry(prop)
-            if name not in CALLS_BACKEND:
-                continue
-            try:
-                PROPERTIES[name](planning, **args)
-            except Exception:       # past its calls, it needs the outputs
-                pass
+    calling = [entry for outcome in outcomes for entry in map(property_entry,
+               outcome.get("properties") or ()) if entry[0] in CALLS_BACKEND]
+    if not calling:                 # most tests: nothing to plan
+        return []
+    planning = _Planning(**{f: getattr(ctx, f) for f in Context.__dataclass_fields__})
+    for name, args in calling:
+        try:
+            PROPERTIES[name](planning, **args)
+        except Exception:           # past its calls, it needs the outputs
+            pass
     return planning.planned
 
 

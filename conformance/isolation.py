@@ -331,7 +331,9 @@ def declare(backend, declared: dict) -> None:
 
 class _Pending:
     """A call sent ahead: it answers a later call with the same op, the same array objects
-    (identity: comparing contents would cost what the call saves) and equal params."""
+    (identity: comparing contents would cost what the call saves) and equal params; one
+    sent by_content (a property's, whose arrays are built again) any arrays of the same
+    dtype, shape and bytes."""
 
     def __init__(self, op, args, kwargs, size=0, by_content=False):
         self.op, self.args, self.kwargs, self.size = op, tuple(args), dict(kwargs), size

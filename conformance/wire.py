@@ -44,7 +44,7 @@ def _encode(value, buffers: list):
         return {"__array__": len(buffers) - 1, "dtype": name, "shape": list(value.shape)}
     if isinstance(value, np.ndarray):          # a subclass: refused by the runner
         return {"__object__": f"{kind.__module__}.{kind.__name__}", "subclass": True}
-    return {"__object__": f"{type(value).__module__}.{type(value).__name__}"}
+    return {"__object__": f"{kind.__module__}.{kind.__name__}"}
 
 
 class Foreign:

@@ -514,17 +514,14 @@ def pytest_sessionfinish(session):
     (("--in-process",), True),                  # the backend runs (and logs) here
 ])
 def test_pytests_log_capture_is_left_out_of_an_isolated_run_unless_asked(
-        tmp_path, worked_examples_spec, options, registered):
+        tmp_path, worked_examples_spec, monkeypatch, options, registered):
     (tmp_path / "logging_probe.py").write_text(LOGGING_PROBE)
     out = tmp_path / "registered"
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "LOGGING_PROBE_OUT": str(out),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(worked_examples_spec), "--spec-dir",
-         str(worked_examples_spec), "-p", "attention_conformance.plugin", "-p", "logging_probe",
-         "-p", "no:cacheprovider", "-q",
-         "--backend", "numpy", "-k", SELECT, "--dtype", "float64", *options],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    monkeypatch.setenv("LOGGING_PROBE_OUT", str(out))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    done, _ = certify(tmp_path, "seterr_raise.py:SetsErrRaise", worked_examples_spec,
+                      "-p", "logging_probe", *options)       # an adapter that passes
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert out.read_text() == str(registered)
 
