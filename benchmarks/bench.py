@@ -86,7 +86,7 @@ IMPORT_CODE = ("import time; t = time.perf_counter(); import {module}; "
 LOAD_CODE = """\
 import time
 import attention_conformance.plugin  # the runner's own imports, paid by every run
-from attention_conformance.loading import load_backend
+from attention_conformance.backend.resolve import load_backend
 t = time.perf_counter()
 load_backend({name!r})
 print(time.perf_counter() - t)
@@ -95,7 +95,7 @@ print(time.perf_counter() - t)
 MEMORY_CODE = """\
 import contextlib, json, resource, sys, time
 import numpy as np
-from attention_conformance import reference
+from attention_conformance.golden import reference
 
 
 def rss_mb():

@@ -76,9 +76,9 @@ class Recording:
     """The backend named by $BENCH_RECORD_BACKEND, each call saved under $BENCH_RECORD_DIR."""
 
     def __init__(self, device=None):
-        from attention_conformance.expected import BUILTIN_DIR
-        from attention_conformance.loading import load_backend
-        from attention_conformance.ops import OPS
+        from attention_conformance.specs.expected import BUILTIN_DIR
+        from attention_conformance.backend.resolve import load_backend
+        from attention_conformance.model.ops import OPS
 
         name = os.environ["BENCH_RECORD_BACKEND"]
         self._real = load_backend(name, device) if device else load_backend(name)
@@ -124,7 +124,7 @@ class Recording:
 
 def load_calls(directory: Path) -> list[dict]:
     """The recorded calls, with their arrays (bfloat16 restored from the dtype names)."""
-    from attention_conformance.dtypes import NUMPY_DTYPES
+    from attention_conformance.model.dtypes import NUMPY_DTYPES
 
     calls = []
     for raw in (directory / "calls.jsonl").read_text().splitlines():
@@ -154,8 +154,8 @@ class MapsKept:
     (jax.clear_caches), which costs less than a new process, so the floor is not raised."""
 
     def __init__(self):
-        from attention_conformance.isolation import maps_limit
-        from attention_conformance.worker import MapCounter
+        from attention_conformance.process.backend_proxy import maps_limit
+        from attention_conformance.process.backend_host import MapCounter
 
         self.limit, self.counter, self.cleared = maps_limit(), MapCounter(), 0
 
@@ -185,7 +185,7 @@ def replay(name: str, directory: Path) -> dict:
     calls = load_calls(directory)
     inputs = time.perf_counter() - started
     started = time.perf_counter()
-    from attention_conformance.loading import load_backend
+    from attention_conformance.backend.resolve import load_backend
 
     backend = load_backend(name)
     loaded = time.perf_counter() - started

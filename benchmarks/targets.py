@@ -398,8 +398,8 @@ class Targets:
                 "per_item_ms": 1000 * (wall - base) / max(items, 1)}
 
     def count_cases(self, cases) -> int:
-        code = ("import sys; from attention_conformance.spec_loader import load_spec; "
-                "from attention_conformance.case import in_profile; "
+        code = ("import sys; from attention_conformance.specs.loader import load_spec; "
+                "from attention_conformance.model.case import in_profile; "
                 "print(sum(in_profile(c, 'quick') for c in load_spec(sys.argv[1]).cases))")
         _, _, rc, out = run([sys.executable, "-c", code, str(Path(cases).parent)], env=self.env)
         return int(out.strip().splitlines()[-1]) if rc == 0 else 0

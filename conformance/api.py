@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .calling import cast_inputs
-from .case import Case
-from .comparison import compare
-from .golden_compute import golden_entries, rounded_inputs
-from .golden_store import GoldenStore
-from .ops import OPS
-from .spec_folder import SpecFolder
-from .spec_loader import load_spec
+from .backend.calling import cast_inputs
+from .model.case import Case
+from .checking.comparison import compare
+from .golden.compute import golden_entries, rounded_inputs
+from .golden.store import GoldenStore
+from .model.ops import OPS
+from .model.folder import SpecFolder
+from .specs.loader import load_spec
 
 
 class CaseNotFound(LookupError):

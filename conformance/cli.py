@@ -12,14 +12,14 @@ import re
 import sys
 from pathlib import Path
 
-from . import golden_freeze
-from .case import profile_counts
-from .dtypes import DTYPES
-from .golden_store import GoldenError
-from .ops import OPS
+from .golden import freeze
+from .model.case import profile_counts
+from .model.dtypes import DTYPES
+from .golden.store import GoldenError
+from .model.ops import OPS
 from .plugin import PROFILES
-from .spec_folder import SpecFolder
-from .spec_loader import load_spec
+from .model.folder import SpecFolder
+from .specs.loader import load_spec
 
 
 def _folder(args) -> SpecFolder:
@@ -89,7 +89,7 @@ def _golden(args) -> int:
         print("fix the spec first: golden data are only made from valid cases", file=sys.stderr)
         return 1
     if args.action == "regenerate":
-        changes = golden_freeze.regenerate(spec.cases, _folder(args))
+        changes = freeze.regenerate(spec.cases, _folder(args))
         for key, what in changes:
             print(f"{key}: {what}")
         print(f"{len(changes)} golden arrays changed")
@@ -98,7 +98,7 @@ def _golden(args) -> int:
             print(f"{len(summary)} cases changed:")
             print("\n".join(summary))
         return 0
-    problems = golden_freeze.check(spec.cases, _folder(args))
+    problems = freeze.check(spec.cases, _folder(args))
     for problem in problems:
         print(problem)
     print("golden data match the reference" if not problems else f"{len(problems)} problems")
@@ -246,8 +246,8 @@ def _export(args) -> int:
 # --- report ----------------------------------------------------------------------------
 
 def _report(args) -> int:
-    from .report import load_results, matrix_markdown
-    from .report_html import write_matrix
+    from .reports.markdown import load_results, matrix_markdown
+    from .reports.html import write_matrix
 
     directory = Path(args.directory)
     results = load_results(directory) if directory.is_dir() else []
@@ -267,7 +267,7 @@ def _report(args) -> int:
 
 def _fuzz(args) -> int:
     from .fuzz import FUZZED_OPS, case_file_yaml, fuzz
-    from .loading import BackendLoadError, load_backend
+    from .backend.resolve import BackendLoadError, load_backend
 
     try:
         import hypothesis  # noqa: F401

@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from .api import GoldenCase
-from .golden_compute import generated_inputs, golden_entries
-from .golden_store import GoldenStore, write_npz
-from .ops import OPS
-from .results import spec_hash, suite_version
+from .golden.compute import generated_inputs, golden_entries
+from .golden.store import GoldenStore, write_npz
+from .model.ops import OPS
+from .reports.results import spec_hash, suite_version
 
 FORMAT = "attention-conformance-golden/1"
 FORMATS = ("npz", "json")

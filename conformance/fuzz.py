@@ -30,16 +30,16 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from .dtypes import DTYPES
-from .golden_compute import compute
-from .inputs import build_inputs
-from .ops import OPS
-from .outcomes import CheckFailure, Unsupported
-from .reference import allowed_keys
-from .runner import run_case
-from .spec_folder import default_folder
-from .spec_loader import load_file
-from .validation import static_errors
+from .model.dtypes import DTYPES
+from .golden.compute import compute
+from .golden.inputs import build_inputs
+from .model.ops import OPS
+from .model.errors import CheckFailure, Unsupported
+from .golden.reference import allowed_keys
+from .checking.run import run_case
+from .model.folder import default_folder
+from .specs.loader import load_file
+from .specs.validation import static_errors
 
 #: the ops the fuzzer draws (those the op table marks `fuzzed`)
 FUZZED_OPS = tuple(o.name for o in OPS.values() if o.fuzzed)

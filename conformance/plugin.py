@@ -84,7 +84,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
             known.capture = "no"
             if not _logs_asked(early_config, known):
                 early_config.pluginmanager.set_blocked("logging-plugin")
-            from .launch import judge_options, start_early    # no NumPy yet
+            from .process.spawn import judge_options, start_early    # no NumPy yet
             start_early(early_config, judge_options(lambda name: getattr(known, name)))
     return (yield)
 

@@ -15,22 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from .case import in_profile, test_name
-from .expected import expected_for
-from .golden_compute import rounded_inputs
-from .golden_store import GoldenStore
-from .interface import describe
-from .judge import Judge, take_early
-from .launch import judge_options
-from .loading import BackendLoadError, load_backend
-from .outcomes import CheckFailure, SuiteError
-from .report import summary_lines, write_backend_report
-from .results import ResultLog, record_for
-from .spec_folder import SpecFolder
-from .spec_loader import SpecError, load_spec
-from .spec_yaml import printable
-from .timeout import CaseTimeout
-from .verdict import verdict_of
+from .model.case import in_profile, test_name
+from .specs.expected import expected_for
+from .golden.compute import rounded_inputs
+from .golden.store import GoldenStore
+from .backend.interface import describe
+from .process.judge_proxy import Judge, take_early
+from .process.spawn import judge_options
+from .backend.resolve import BackendLoadError, load_backend
+from .model.errors import CheckFailure, SuiteError
+from .reports.markdown import summary_lines, write_backend_report
+from .reports.results import ResultLog, record_for
+from .model.folder import SpecFolder
+from .specs.loader import SpecError, load_spec
+from .specs.yaml_reader import printable
+from .backend.timeout import CaseTimeout
+from .checking.verdict import verdict_of
 
 
 class State:

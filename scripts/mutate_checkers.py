@@ -16,7 +16,7 @@ runs those files unmutated itself: the suite does, in the same session).
     python scripts/mutate_checkers.py --only property:   # names starting with a prefix
     python scripts/mutate_checkers.py --write-doc docs/contributing.md
     python scripts/mutate_checkers.py --list
-    python scripts/mutate_checkers.py --only check_exact --tests tests/test_reference.py
+    python scripts/mutate_checkers.py --only check_exact --tests tests/spec/test_reference.py
     python scripts/mutate_checkers.py --only spec_cache. --first-failure   # -x per mutant
 
 Exit status: 0 when every mutant run is pinned, 1 when one is not, 2 on an error (the
@@ -44,9 +44,9 @@ APPLIED_LOG = "ATTENTION_CONFORMANCE_MUTANT_LOG"
 NOT_APPLIED = 97          # exit status of a process whose mutant could not be applied
 HEADING = "## Every checker is pinned"
 
-CHECKER_TESTS = ("tests/test_checkers.py",)
-CACHE_TESTS = ("tests/test_spec_cache_hits.py", "tests/test_spec_cache.py")
-EXPECTED_TESTS = ("tests/test_expected_entries.py",)
+CHECKER_TESTS = ("tests/meta/test_checkers.py",)
+CACHE_TESTS = ("tests/spec/test_spec_cache.py",)
+EXPECTED_TESTS = ("tests/meta/test_expected_failures.py",)
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ class Mutant:
 # docs/contributing.md lists them).
 
 def mutants() -> list[Mutant]:
-    from attention_conformance.properties import PROPERTIES
-    from attention_conformance.statistics import STATISTICS
+    from attention_conformance.checking.properties import PROPERTIES
+    from attention_conformance.checking.statistics import STATISTICS
 
     found = [Mutant(f"property:{name}", "passes whatever it sees", CHECKER_TESTS)
              for name in PROPERTIES]
@@ -115,9 +115,10 @@ def _apply(name: str) -> None:
     """Patch the one checker `name` in this process (raises if it does not exist)."""
     import numpy as np
 
-    from attention_conformance import checks, comparison, expected, spec_cache
-    from attention_conformance.properties import PROPERTIES
-    from attention_conformance.statistics import STATISTICS
+    from attention_conformance.checking import expectations as checks, comparison
+    from attention_conformance.specs import expected, cache as spec_cache
+    from attention_conformance.checking.properties import PROPERTIES
+    from attention_conformance.checking.statistics import STATISTICS
 
     kind, _, rest = name.partition(":")
     if kind == "property":
@@ -308,9 +309,9 @@ def doc_section(outcomes, seconds, cpu, workers) -> str:
             "registries, by name, so a new one is mutated too), runs the test files that pin "
             f"it ({', '.join(f'`{f}`' for f in files)}) in a fresh pytest process, and "
             "requires at least one failure; it exits non-zero if a mutant survives. "
-            "`tests/test_mutation.py` runs it in the suite on a representative subset, each "
+            "`tests/meta/test_mutation.py` runs it in the suite on a representative subset, each "
             "mutant's run stopped at its first failure (`--first-failure`). When you add a "
-            "checker, add a scenario to `SCENARIOS` in `tests/test_checkers.py` (a right "
+            "checker, add a scenario to `SCENARIOS` in `tests/meta/test_checkers.py` (a right "
             "output that passes, a wrong one and the message it must fail with) and, for a "
             "checker outside the registries, a mutant to the script.\n\n"
             f"{table(outcomes)}\n\n"

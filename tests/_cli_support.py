@@ -87,8 +87,8 @@ cases:
 
 def make_spec(tmp_path: Path, text: str = TINY, topic: str = "tiny") -> Path:
     """tmp_path/spec/cases/TOPIC.yaml with its golden data; returns the cases folder."""
-    from attention_conformance import golden_freeze
-    from attention_conformance.spec_loader import load_spec
+    from attention_conformance.golden import freeze as golden_freeze
+    from attention_conformance.specs.loader import load_spec
 
     cases = tmp_path / "spec" / "cases"
     cases.mkdir(parents=True, exist_ok=True)

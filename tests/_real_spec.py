@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from attention_conformance.spec_loader import load_spec
+from attention_conformance.specs.loader import load_spec
 
 
 @functools.cache

@@ -31,7 +31,7 @@ def worked_examples_spec(tmp_path_factory):
     import shutil
     from pathlib import Path
 
-    from attention_conformance import golden_store
+    from attention_conformance.golden import store as golden_store
 
     root = Path(__file__).resolve().parent.parent / "spec"
     spec = tmp_path_factory.mktemp("worked-examples") / "spec"

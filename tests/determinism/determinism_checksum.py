@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attention_conformance.golden_compute import rounded_inputs
-from attention_conformance.spec_loader import load_spec
+from attention_conformance.golden.compute import rounded_inputs
+from attention_conformance.specs.loader import load_spec
 
 HERE = Path(__file__).resolve().parent
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from attention_conformance.golden_store import GoldenStore
-from attention_conformance.loading import load_backend
-from attention_conformance.outcomes import Unsupported
-from attention_conformance.runner import run_case
-from attention_conformance.spec_loader import load_spec
+from attention_conformance.golden.store import GoldenStore
+from attention_conformance.backend.resolve import load_backend
+from attention_conformance.model.errors import Unsupported
+from attention_conformance.checking.run import run_case
+from attention_conformance.specs.loader import load_spec
 
 from _needs import NEEDS
 

@@ -1,7 +1,7 @@
 """Which kind of case can reveal a planted bug that not every case can see.
 
 A bug listed here is only caught once the spec has a case of its kind; while it has
-none, tests/test_known_bad.py counts the bug as waiting for a case (an expected
+none, tests/meta/test_known_bad.py counts the bug as waiting for a case (an expected
 failure), and tests/known_bad/revealing/ holds one case of each kind to show that the
 suite's checks catch the bug given such a case.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attention_conformance import reference
-from attention_conformance.inputs import build_inputs
+from attention_conformance.golden import reference
+from attention_conformance.golden.inputs import build_inputs
 
 
 def _variant_inputs(case):

@@ -14,7 +14,7 @@ import re
 
 from attention_conformance.backends import numpy as numpy_backend
 from attention_conformance.backends.numpy import NumpyBackend
-from attention_conformance.ops import OPS
+from attention_conformance.model.ops import OPS
 
 
 class Planted(NumpyBackend):

@@ -1,0 +1,46 @@
+"""What a check sees of one run: the case, the inputs as given, the outputs, the golden
+store and the tolerance rule of the spec folder, and a way to call the backend again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backend.calling import call_checked
+from ..model.dtypes import numpy_dtype
+from ..model.tolerances import Tolerances
+
+
+@dataclass
+class Context:
+    backend: object
+    case: object
+    variant: object
+    dtype: str
+    arrays: dict            # inputs as given to the backend (dtype-cast)
+    exact_inputs: dict      # the same inputs in float64
+    outputs: dict           # output name -> backend result as float64
+    golden: object          # a GoldenStore
+    tolerances: Tolerances
+
+    @property
+    def params(self):
+        return self.case.params
+
+    def call(self, arrays=None, op=None, **params):
+        """Call the backend again (metamorphic properties), returning float64 outputs."""
+        raw = call_checked(self.backend, *self.request(arrays, op, params))
+        return [np.array(r, dtype=np.float64, subok=False) for r in raw]
+
+    def request(self, arrays, op, params) -> tuple:
+        """(op, arrays, params) of a call(): the case's op, inputs and params by default
+        (its params only for its own op)."""
+        op = op or self.case.op
+        return op, arrays or self.arrays, dict(self.case.params if op == self.case.op else {},
+                                               **params)
+
+    def cast(self, array):
+        """A float64 array as the backend receives it (the case dtype; bool unchanged)."""
+        array = np.asarray(array)
+        return array if array.dtype == bool else array.astype(numpy_dtype(self.dtype))

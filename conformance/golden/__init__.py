@@ -1,0 +1,1 @@
+"""Inputs, the float64 reference, and golden data computed, stored and frozen."""

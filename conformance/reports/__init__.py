@@ -1,0 +1,1 @@
+"""A run's records, and its reports: JSON, Markdown, the matrix in HTML."""

@@ -1,0 +1,1 @@
+"""Reading the spec: YAML, the schema, validation, the cache, the loader, expected failures."""

@@ -1,0 +1,207 @@
+"""Loading a spec folder: YAML case files, validated against the package's schema.json.
+
+Every file is read with a safe loader (no YAML tag can construct a Python object) that
+also finds duplicate mapping keys and remembers the line of every key (spec_yaml.py).
+Every problem becomes a :class:`SpecError` naming file, line and case id; a bad case is
+set aside, the others still load, and a bad file does not stop the files after it.
+The tolerances (which dtypes exist) are the spec folder's own (spec_folder.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import cache as spec_cache
+from ..model.case import Case, Variant
+from ..model.folder import SpecFolder, default_folder
+from .schema import schema_errors, schema_validator
+from .yaml_reader import MAX_FILE_BYTES, SpecError, parse_yaml
+from ..model.tolerances import load_tolerances
+from .validation import TOPIC_PATTERN, static_errors
+
+
+def _variants(raw) -> tuple[Variant, ...]:
+    dims = raw.get("dims")
+    if not dims:
+        return (Variant("", {}),)
+    return tuple(Variant("-".join(f"{k}{v}" for k, v in d.items()), dict(d)) for d in dims)
+
+
+def _plain(value):
+    """LineDicts back to plain dicts, recursively."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _file_name(path: Path, relative_to: Path | None) -> str:
+    try:
+        return str(path.relative_to(relative_to)) if relative_to else str(path)
+    except ValueError:
+        return str(path)
+
+
+def _case_of_line(raw_cases, line) -> int | None:
+    """Index of the case whose text holds `line` (None: above the first case)."""
+    index = None
+    for i, raw in enumerate(raw_cases):
+        if getattr(raw, "line", line + 1) <= line:
+            index = i
+    return index
+
+
+def _duplicate_errors(duplicates, raw_cases, name) -> list[tuple[int | None, SpecError]]:
+    found = []
+    for key, line, first in duplicates:
+        index = _case_of_line(raw_cases, line)
+        case_id = raw_cases[index].get("id") if index is not None else None
+        found.append((index, SpecError(name, line, case_id,
+                                       f"duplicate key {key!r} (first at line {first})")))
+    return found
+
+
+def _case(raw, topic, name, line=None) -> Case:
+    return Case(
+        id=raw["id"], topic=topic, description=raw["description"],
+        source=raw["source"], op=raw["op"], inputs=_plain(raw["inputs"]),
+        params=_plain(raw.get("params", {})), dtypes=tuple(raw["dtypes"]),
+        expect=_plain(raw["expect"]), variants=_variants(raw),
+        profile=raw.get("profile", "quick"), file=name,
+        line=raw.line if line is None else line, raw=raw)
+
+
+def load_file(path: Path, relative_to: Path | None = None,
+              schema: Path | None = None) -> tuple[list[Case], list[SpecError]]:
+    """The valid cases of one file, and every problem found in it."""
+    name = _file_name(path, relative_to)
+    duplicates, refused = [], []
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:     # refused before it is read
+            raise SpecError(name, 1, None, f"the file has {path.stat().st_size:,} bytes "
+                                           f"(at most {MAX_FILE_BYTES:,}: split it)")
+        document = parse_yaml(path.read_text(encoding="utf-8"), name, duplicates, refused)
+    except SpecError as exc:
+        return [], [exc]
+    except (OSError, UnicodeDecodeError) as exc:
+        return [], [SpecError(name, 0, None, f"cannot read: {exc}")]
+    if not isinstance(document, dict):
+        return [], [SpecError(name, 1, None, "a case file is a mapping with 'topic' and 'cases'")]
+    raw_cases = document.get("cases") if isinstance(document.get("cases"), list) else []
+    refused_indexes = {index for index, *_ in refused}
+    found = [(index, error) for index, error in
+             schema_errors(document, name, schema_validator(schema or default_folder().schema_file))
+             if index not in refused_indexes or index is None]
+    found += [(index, SpecError(name, line, case_id, message))
+              for index, line, case_id, message in refused]
+    topic = document.get("topic")
+    # (a topic that is not lowercase-with-dashes to its end is the schema's error)
+    if isinstance(topic, str) and re.fullmatch(TOPIC_PATTERN, topic) and topic != path.stem:
+        found.append((None, SpecError(name, getattr(document, "key_lines", {}).get("topic", 1), None,
+                                      f"topic {topic!r} is not the file's name {path.stem!r}")))
+    found += _duplicate_errors(duplicates, raw_cases, name)
+    errors = [error for _, error in sorted(found, key=lambda pair: pair[1].line)]
+    if any(index is None for index, _ in found):
+        return [], errors          # a problem outside every case: no case of the file loads
+    bad = {index for index, _ in found}
+    cases = [_case(raw, document["topic"], name)
+             for index, raw in enumerate(raw_cases) if index not in bad]
+    return cases, errors
+
+
+@dataclass
+class Spec:
+    cases: list[Case]
+    errors: list[SpecError]
+
+    def by_id(self) -> dict[str, Case]:
+        return {c.id: c for c in self.cases}
+
+
+def _tolerance_dtypes(path: Path) -> tuple[set | None, list[SpecError]]:
+    """The dtypes that have a tolerance in `path` (None if the file cannot be read)."""
+    try:
+        return set(load_tolerances(path).unit_roundoff), []
+    except Exception as exc:   # any unreadable tolerances file is one clear problem
+        return None, [SpecError(path, 0, None, f"cannot read tolerances: "
+                                                f"{type(exc).__name__}: {exc}")]
+
+
+def _admit(spec: Spec, case: Case, seen: dict, check_case) -> None:
+    """Add a case to the spec, or its problems: a repeated id, or what check_case finds."""
+    if case.id in seen:
+        spec.errors.append(SpecError(case.file, case.line, case.id,
+                                     f"duplicate case id (first at {seen[case.id]})"))
+        return
+    seen[case.id] = case.where()
+    problems = check_case(case)
+    spec.errors += problems
+    if not problems:
+        spec.cases.append(case)
+
+
+def _from_cache(name: str, key: str) -> list[Case] | None:
+    stored = spec_cache.read(key)
+    if stored is None:
+        return None
+    return [_case(entry["data"], stored["topic"], name, entry["line"])
+            for entry in stored["cases"]]
+
+
+def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
+              cache=False) -> Spec:
+    """Every case of a spec folder, with every problem found (nothing is raised).
+
+    folder: a SpecFolder, or the path of a spec folder or of its cases folder
+    (default: the default spec folder). cache: take files that validated cleanly
+    before, unchanged, from spec_cache (the pytest plugin, `list`, `export` and the
+    API do; `validate`, `golden` and the tests of loading do not).
+    """
+    if not isinstance(folder, SpecFolder):
+        folder = default_folder() if folder is None else SpecFolder.at(folder)
+    cases_dir = folder.cases_dir
+    if not cases_dir.is_dir():
+        return Spec([], [SpecError(cases_dir, 0, None, "no such folder of case files")])
+    root = folder.root.parent
+    schema, tolerances = folder.schema_file, folder.tolerances_file
+    known_dtypes, errors = _tolerance_dtypes(tolerances)
+    errors += [SpecError(_file_name(p, root), 0, None, "case files end in .yaml")
+               for p in sorted(cases_dir.glob("*.yml"))]
+    tolerance_name = _file_name(tolerances, root)
+    spec, seen = Spec([], errors), {}
+    for path in sorted(cases_dir.glob("*.yaml")):
+        if path.is_symlink() or not path.is_file():
+            spec.errors.append(SpecError(_file_name(path, root), 0, None, "a case file must be a"
+                                         " regular file inside the folder (a link is refused)"))
+            continue
+        budget = [0, 0]           # elements of the file's valid cases (validation.py)
+        check_case = (lambda case, budget=budget:
+                      static_errors(case, known_dtypes, tolerance_name, budget)) \
+            if check else (lambda case: [])
+        key = _cache_key(path, schema, known_dtypes) if cache and check else None
+        cached = key and _from_cache(_file_name(path, root), key)
+        if cached:
+            for case in cached:
+                _admit(spec, case, seen, lambda case: [])
+            continue
+        try:
+            cases, file_errors = load_file(path, root, schema)
+        except (OSError, ValueError) as exc:       # the schema itself is unreadable
+            return Spec([], errors + [SpecError(schema, 0, None, f"cannot read schema: {exc}")])
+        spec.errors += file_errors
+        before = len(spec.errors)
+        for case in cases:
+            _admit(spec, case, seen, check_case)
+        if key and cases and not file_errors and len(spec.errors) == before:
+            spec_cache.write(key, cases[0].topic, [(c.line, _plain(c.raw)) for c in cases])
+    return spec
+
+
+def _cache_key(path: Path, schema: Path, known_dtypes) -> str | None:
+    try:
+        return spec_cache.file_key(path.read_bytes(), schema, known_dtypes)
+    except OSError:
+        return None

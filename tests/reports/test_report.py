@@ -1,0 +1,140 @@
+"""Certification reports (JSON and Markdown) and the matrix of backends."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _cli_support import adapter, cli, make_spec, run
+from attention_conformance.model.policies import POLICIES
+from attention_conformance.reports.results import FORMAT, spec_hash
+
+EXPECTED = """\
+backend: bad-scale
+entries:
+  - match: "tiny/tiny-sdpa-default-scale[*]"
+    reason: "the default scale is 1/d_k (kept as a finding)"
+  - match: "tiny/tiny-softmax[float64]"
+    reason: "a stale entry: this test passes"
+"""
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """Reports of three backends on the tiny spec: all pass; partial; failing but expected."""
+    root = tmp_path_factory.mktemp("reports")
+    cases = make_spec(root)
+    out = root / "reports"
+    (root / "expected.yaml").write_text(EXPECTED)
+    runs = {
+        "numpy": cli("--spec-dir", cases, "certify", "numpy", "--report", out, "-q",
+                     "-p", "no:cacheprovider"),
+        "partial": cli("--spec-dir", cases, "certify", adapter("Float32Only"), "--report", out,
+                       "-q", "-p", "no:cacheprovider"),
+        "bad-scale": cli("--spec-dir", cases, "certify", adapter("WrongDefaultScale"),
+                         "--report", out, "--expected-failures", root / "expected.yaml", "-q",
+                         "-p", "no:cacheprovider"),
+    }
+    return cases, out, runs
+
+
+def _load(out, name):
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def test_a_passing_backend_report(reports):
+    cases, out, runs = reports
+    assert runs["numpy"].returncode == 0, runs["numpy"].stdout
+    data = _load(out, "numpy")
+    assert data["format"] == FORMAT
+    assert data["backend"]["name"] == "numpy"
+    assert data["totals"] == {"pass": 18}
+    assert data["by_topic"] == {"tiny": {"pass": 18}}
+    assert data["by_dtype"]["float16"] == {"pass": 3}
+    assert data["by_topic_dtype"]["tiny"]["float64"] == {"pass": 6}
+    assert {"python", "suite", "numpy"} <= set(data["versions"])
+    assert data["spec_hash"] == spec_hash(cases.parent)
+    assert data["cases"] == 5 and data["spec_errors"] == 0
+    assert set(data["policies"]) == set(POLICIES)
+    assert data["policies"]["fully_masked_rows"]["choice"] == "zeros"
+    assert data["selection"]["profile"] == "quick"
+    worst = data["worst_error_over_tolerance"]
+    assert set(worst) == {"float64", "float32", "float16", "bfloat16"}
+    assert all(0 <= r <= 1 for r in worst.values()) and worst["float32"] > 0
+    assert data["worst_test_by_dtype"]["float32"].endswith("-float32]") or \
+        data["worst_test_by_dtype"]["float32"].endswith("[float32]")
+    assert len(data["results"]) == 18
+    assert "worst error / tolerance: bfloat16" in runs["numpy"].stdout
+
+
+def test_unsupported_is_reported_apart_from_failures(reports):
+    _, out, runs = reports
+    assert runs["partial"].returncode == 0
+    data = _load(out, "partial")
+    assert data["totals"] == {"pass": 10, "unsupported": 8}
+    assert data["by_dtype"]["bfloat16"] == {"unsupported": 3}
+    assert data["by_topic_dtype"]["tiny"]["float32"] == {"pass": 5, "unsupported": 1}
+    md = (out / "partial.md").read_text()
+    assert "- 3 tests: backend does not declare dtype float16" in md
+    assert "- 2 tests: partial: no self_attention" in md
+
+
+def test_expected_failures_and_stale_entries(reports):
+    _, out, runs = reports
+    assert runs["bad-scale"].returncode == 1          # the stale entry fails the run
+    data = _load(out, "bad-scale")
+    assert data["totals"] == {"pass": 9, "xfail": 8, "xpass": 1}
+    statuses = {r["id"]: r["status"] for r in data["results"]}
+    assert statuses["tiny/tiny-softmax[float64]"] == "xpass"
+    assert statuses["tiny/tiny-sdpa-default-scale[L5-D8-bfloat16]"] == "xfail"
+    xfail = next(r for r in data["results"] if r["status"] == "xfail")
+    assert xfail["message"].startswith("the default scale is 1/d_k")
+    md = (out / "bad-scale.md").read_text()
+    assert "`tiny/tiny-softmax[float64]` (unexpected pass)" in md
+    assert "(expected failure): the default scale is 1/d_k" in md
+
+
+def test_markdown_report_sections(reports):
+    _, out, _ = reports
+    md = (out / "numpy.md").read_text()
+    for heading in ("# Certification of backend `numpy`", "## Totals", "## By topic",
+                    "## By dtype", "## Passed / run, per topic and dtype",
+                    "## Worst error as a fraction of the tolerance", "## Declared policies"):
+        assert heading in md
+    assert "| tiny | 3/3 | 3/3 | 6/6 | 6/6 |" in md        # bfloat16 float16 float32 float64
+    assert "| fully_masked_rows | zeros |" in md
+    assert "Versions: python" in md and "numpy" in md
+
+
+def test_matrix_puts_backends_side_by_side(reports, tmp_path, capsys):
+    _, out, _ = reports
+    (out / "unrelated.json").write_text("[1, 2, 3]")      # not a report: skipped
+    result = run(capsys, "report", out)
+    assert result.returncode == 0, result.stderr
+    matrix = result.stdout
+    assert "| topic | bad-scale | numpy | partial |" in matrix
+    assert "| tiny | 17/18 (8 xfail) | 18/18 | 10/10, 8 unsupported |" in matrix
+    assert "| fully_masked_rows | zeros | zeros | zeros |" in matrix
+    written = (out / "matrix.md").read_text()
+    assert ("| tiny-softmax | unexpected pass | bad-scale | tiny | 1 of 4 |  "
+            "| tiny/tiny-softmax[float64] |") in written
+    assert "tiny-softmax" not in matrix          # the printed matrix counts them instead
+    groups = written.count("\n| tiny-")
+    assert f"tests in {groups} groups of backend, case and status" in matrix
+    head = written.split("## Tests that do not pass, by case")[0]
+    assert head == matrix.split("## Tests that do not pass, by case")[0]
+    assert (out / "matrix.html").exists()
+    elsewhere = run(capsys, "report", out, "--output", tmp_path / "m")
+    assert (tmp_path / "m" / "matrix.html").exists() and elsewhere.returncode == 0
+    empty = run(capsys, "report", tmp_path / "m")
+    assert empty.returncode == 1 and "no backend reports" in empty.stderr
+
+
+def test_reports_are_complete_under_xdist(tmp_path):
+    pytest.importorskip("xdist")
+    cases = make_spec(tmp_path)
+    result = cli("--spec-dir", cases, "certify", "numpy", "--report", tmp_path / "r", "-n", "2",
+                 "-q", "-p", "no:cacheprovider")
+    assert result.returncode == 0, result.stdout
+    assert _load(tmp_path / "r", "numpy")["totals"] == {"pass": 18}

@@ -1,0 +1,143 @@
+"""Fuzzing: drawn cases are valid spec cases; a known-bad adapter is caught, and the
+failure it prints is a case that validates, fails that adapter and passes NumPy."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from _cli_support import adapter, cli, run  # noqa: E402
+from attention_conformance.backends.numpy import NumpyBackend  # noqa: E402
+from attention_conformance.fuzz import case_strategy, fuzz, has_empty_rows, load_document  # noqa: E402
+from attention_conformance.backend.resolve import load_backend  # noqa: E402
+from attention_conformance.specs.loader import load_spec  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(doc=case_strategy())
+def test_every_drawn_case_is_a_valid_spec_case(doc, tmp_path):
+    case = load_document(doc, tmp_path)          # schema + static checks, or FuzzError
+    assert case.id.startswith("fuzz-") and len(case.dtypes) == 1
+    empty = has_empty_rows(doc["inputs"], doc.get("params", {}))
+    assert ("policy" in case.expect) == empty
+
+
+class Recorder(NumpyBackend):
+    """The NumPy backend, noting what the fuzzer asks of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = collections.Counter()
+
+    def _note(self, op, q, k, kw):
+        self.seen[op] += 1
+        self.seen[f"dtype {q.dtype}"] += 1
+        for name in ("mask", "bias", "softcap", "window"):
+            if kw.get(name) is not None:
+                self.seen[name] += 1
+        self.seen[f"causal {kw.get('causal')}"] += 1
+        self.seen["default scale" if kw.get("scale") is None else "scale"] += 1
+        if q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] not in (1, q.shape[-3]):
+            self.seen["grouped-query"] += 1
+        if q.shape[-2] != k.shape[-2]:
+            self.seen["Lq != Lk"] += 1
+
+    def sdpa(self, q, k, v, **kw):
+        self._note("sdpa", q, k, kw)
+        return super().sdpa(q, k, v, **kw)
+
+    def attention_weights(self, q, k, **kw):
+        self._note("attention_weights", q, k, kw)
+        return super().attention_weights(q, k, **kw)
+
+    def sdpa_vjp(self, q, k, v, d_out, **kw):
+        self._note("sdpa_vjp", q, k, kw)
+        return super().sdpa_vjp(q, k, v, d_out, **kw)
+
+
+def test_numpy_passes_and_the_fuzzer_reaches_every_feature():
+    backend = Recorder()
+    report = fuzz(backend, examples=120, seed=3)
+    assert report.failure is None, report.text()
+    assert report.passed == report.tried == 120
+    for feature in ("sdpa", "attention_weights", "sdpa_vjp", "mask", "bias", "softcap",
+                    "window", "causal top_left", "causal bottom_right", "causal None",
+                    "default scale", "scale", "grouped-query", "Lq != Lk",
+                    "dtype float64", "dtype float32", "dtype float16", "dtype bfloat16"):
+        assert backend.seen[feature], f"the fuzzer never drew {feature}: {backend.seen}"
+    assert "no failure" in report.text()
+
+
+def test_a_wrong_policy_is_found_with_a_policy_case():
+    from cli_adapters import WrongEmptyRowPolicy
+
+    report = fuzz(WrongEmptyRowPolicy(), examples=150, seed=0)
+    assert report.failure, "the fuzzer missed rows with no allowed key"
+    assert "fully_masked_rows=uniform" in report.failure.message
+    assert "policy:\n      fully_masked_rows:" in report.failure.yaml
+
+
+def test_fuzz_command_catches_a_wrong_default_scale_and_prints_a_pasteable_case(tmp_path):
+    """The printed YAML validates as a spec case; with its golden data frozen, the bad
+    adapter fails it under certify and the NumPy backend passes it."""
+    bad = adapter("WrongDefaultScale")
+    result = cli("fuzz", bad, "--examples", "100", "--seed", "0",
+                 "--save", tmp_path / "saved" / "found.yaml")
+    assert result.returncode == 1, result.stdout + result.stderr
+    printed = result.stdout
+    assert "fails this case" in printed and "golden out:" in printed
+    assert "normal: {shape:" in printed and "values:" not in printed     # generators, seeds
+    assert "fuzz: 10 cases tried" in result.stderr                        # progress
+
+    cases = tmp_path / "spec" / "cases"
+    cases.mkdir(parents=True)
+    (cases / "pasted.yaml").write_text("topic: pasted\ncases:\n" + printed)   # as pasted
+    spec = load_spec(cases)
+    assert not spec.errors and len(spec.cases) == 1, spec.errors
+    assert spec.cases[0].source.startswith("attention-conformance fuzz (backend bad-scale")
+    assert cli("--spec-dir", cases, "validate").returncode == 0
+    assert cli("--spec-dir", cases, "golden", "regenerate").returncode == 0
+    failing = cli("--spec-dir", cases, "certify", bad, "-q")
+    assert failing.returncode == 1 and "1 failed" in failing.stdout, failing.stdout
+    passing = cli("--spec-dir", cases, "certify", "numpy", "-q")
+    assert passing.returncode == 0 and "1 passed" in passing.stdout, passing.stdout
+
+    saved = load_spec(tmp_path / "saved")                    # --save: a whole case file
+    assert not saved.errors and saved.cases[0].topic == "found"
+
+
+def test_command_options(capsys):
+    result = run(capsys, "fuzz", "numpy", "--examples", "10", "--op", "attention_weights",
+                 "--dtype", "float16", "-q")
+    assert result.returncode == 0 and "10 cases tried (10 passed" in result.stdout
+    assert result.stderr == ""
+    assert run(capsys, "fuzz", "nope-backend").returncode == 2
+    with pytest.raises(ValueError, match="declares none"):
+        fuzz(_NoDtypes(), examples=1)
+    with pytest.raises(ValueError, match="cannot fuzz"):
+        fuzz(load_backend("numpy"), ops=["softmax"], examples=1)
+
+
+class _NoDtypes(NumpyBackend):
+    dtypes = frozenset()
+
+
+def test_draws_are_deterministic():
+    seen = []
+
+    class Log(NumpyBackend):
+        def sdpa(self, q, k, v, **kw):
+            seen.append(float(np.sum(q)))
+            return super().sdpa(q, k, v, **kw)
+
+    fuzz(Log(), examples=10, seed=11, ops=["sdpa"])
+    first, seen[:] = list(seen), []
+    fuzz(Log(), examples=10, seed=11, ops=["sdpa"])
+    assert first == seen
