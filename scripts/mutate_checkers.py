@@ -79,7 +79,7 @@ def mutants() -> list[Mutant]:
         Mutant("policy_outcome:any-choice", "accepts an undeclared or disallowed choice, "
                "checks nothing for it", CHECKER_TESTS),
         Mutant("check_outcome", "no-op", CHECKER_TESTS),
-        Mutant("judge", "no-op (an empty Result)", CHECKER_TESTS),
+        Mutant("check_case", "no-op (an empty Result)", CHECKER_TESTS),
         Mutant("compare:no-tolerance", "every comparison is ok", CHECKER_TESTS),
         Mutant("worst_error:no-patterns", "NaN and inf positions ignored", CHECKER_TESTS),
         Mutant("accumulation:ignored", "every backend judged in the input tier",
@@ -138,8 +138,8 @@ def _apply(name: str) -> None:
             allowed = {n: c for n, c in policies.items() if declared.get(n) in c}
             return original(ctx, allowed) if allowed else 0.0
         checks.policy_outcome = any_choice
-    elif name == "judge":
-        checks.judge = _noop_like(checks.judge, checks.Result())
+    elif name == "check_case":
+        checks.check_case = _noop_like(checks.check_case, checks.Result())
     elif name == "compare:no-tolerance":
         comparison.Comparison.ok = property(lambda self: True)
     elif name == "accumulation:ignored":

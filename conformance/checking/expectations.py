@@ -1,5 +1,5 @@
 """The expectations of a case, judged on one run: golden, exact, close, properties, statistic,
-and the outcome under the backend's declared policy. judge() runs them all and raises
+and the outcome under the backend's declared policy. check_case() runs them all and raises
 one CheckFailure that lists every broken expectation."""
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def check_statistics(ctx: Context, statistics) -> float:
     return 0.0
 
 
-def judge(ctx: Context) -> Result:
+def check_case(ctx: Context) -> Result:
     """Every expectation of the case; CheckFailure listing each one broken."""
     result = Result()
     expect = ctx.case.expect

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..backend.calling import call_arguments, call_checked, cast_inputs, checked_outputs
-from .expectations import Result, judge, planned_calls
+from .expectations import Result, check_case, planned_calls
 from .context import Context
 from ..golden.compute import rounded_inputs
 from ..model.errors import Unsupported
@@ -27,7 +27,7 @@ def run_case(backend, case, variant, dtype, golden, prepared=None, called=None) 
     outputs = checked_outputs(case.op, raw, arrays, case.params, dtype)
     ctx = Context(backend, case, variant, dtype, arrays, exact_inputs, outputs, golden,
                   golden.tolerances)
-    return judge(ctx)
+    return check_case(ctx)
 
 
 def send_ahead(backend, case, variant, dtype):

@@ -818,14 +818,14 @@ def test_a_wrong_run_really_differs_from_the_right_one(cases):
         assert not (same_outputs and same_backend), f"{name}: the wrong run is the right one"
 
 
-def test_judge_lists_every_broken_expectation(cases):
-    """judge() runs golden, exact and properties, and reports each one that breaks."""
+def test_check_case_lists_every_broken_expectation(cases):
+    """check_case() runs golden, exact and properties, and reports each one that breaks."""
     right = context(cases, Run("meta-weights-causal"))
-    assert 0.0 <= checks.judge(right).worst_ratio <= 1.0
+    assert 0.0 <= checks.check_case(right).worst_ratio <= 1.0
     wrong = context(cases, Run("meta-weights-causal", tamper=setting((0, slice(None)),
                                                                      [0.5, 0.5, 0.0, 0.0])))
     with pytest.raises(CheckFailure) as failure:
-        checks.judge(wrong)
+        checks.check_case(wrong)
     message = str(failure.value)
     for fragment in ("golden out: worst abs error 0.5 at [0, 0]",
                      "exact [0]: got 0.5 at [0] of the selection, expected exactly 1",
@@ -834,18 +834,18 @@ def test_judge_lists_every_broken_expectation(cases):
     assert "rows_sum_to_one" not in message    # rows still sum to one: no false alarm
 
 
-def test_judge_checks_the_policy_and_the_statistic(cases):
+def test_check_case_checks_the_policy_and_the_statistic(cases):
     policy_ctx = context(cases, Run("meta-empty-row-policy", backend=Declares(
         fully_masked_rows="zeros"), policy=("fully_masked_rows", "uniform")))
     with pytest.raises(CheckFailure, match="golden out under fully_masked_rows=zeros"):
-        checks.judge(policy_ctx)
+        checks.check_case(policy_ctx)
     right = context(cases, Run("meta-empty-row-policy", backend=Declares(
         fully_masked_rows="uniform"), policy=("fully_masked_rows", "uniform")))
-    assert checks.judge(right).worst_ratio <= 1.0
+    assert checks.check_case(right).worst_ratio <= 1.0
     stat_ctx = context(cases, Run("meta-weights-mean", backend=NoNormalisation(), own=True))
     with pytest.raises(CheckFailure, match=r"statistic mean = .*expected 0\.125"):
-        checks.judge(stat_ctx)
-    assert checks.judge(context(cases, Run("meta-weights-mean"))).failures == []
+        checks.check_case(stat_ctx)
+    assert checks.check_case(context(cases, Run("meta-weights-mean"))).failures == []
 
 
 def test_check_outcome_checks_every_part_even_after_one_fails(cases):
