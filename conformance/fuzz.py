@@ -36,7 +36,8 @@ from .golden.inputs import build_inputs
 from .model.ops import OPS
 from .model.errors import CheckFailure, Unsupported
 from .golden.reference import allowed_keys
-from .checking.run import run_case
+from .backend.in_process import InProcess
+from .checking.verdict import run_case
 from .model.folder import default_folder
 from .specs.loader import load_file
 from .specs.validation import static_errors
@@ -217,7 +218,7 @@ def load_document(doc: dict, directory: Path):
     return cases[0]
 
 
-def run_document(backend, doc: dict, directory: Path) -> str:
+def run_document(backend: InProcess, doc: dict, directory: Path) -> str:
     """'pass' or 'unsupported'; CheckFailure (with the reason) when the backend fails."""
     case = load_document(doc, directory)
     try:
@@ -282,8 +283,8 @@ def fuzz(backend, *, examples: int = 100, seed: int = 0, dtypes=None, ops=None,
     ops = [op for op in (ops or FUZZED_OPS) if hasattr(backend, op)]
     if not ops:
         raise ValueError(f"the backend has none of the ops the fuzzer draws ({', '.join(FUZZED_OPS)})")
-    report = FuzzReport(getattr(backend, "name", type(backend).__name__), examples, seed,
-                        dtypes=chosen)
+    caller = InProcess(backend)
+    report = FuzzReport(caller.declaration.name, examples, seed, dtypes=chosen)
     found: list[Failure] = []
 
     with tempfile.TemporaryDirectory(prefix="attention-fuzz-") as tmp:
@@ -300,7 +301,7 @@ def fuzz(backend, *, examples: int = 100, seed: int = 0, dtypes=None, ops=None,
             try:
                 with warnings.catch_warnings():     # NaN rows warn in NumPy; the
                     warnings.simplefilter("ignore", RuntimeWarning)  # checks judge them
-                    outcome = run_document(backend, doc, Path(tmp))
+                    outcome = run_document(caller, doc, Path(tmp))
             except CheckFailure as exc:
                 found.append(Failure(doc, str(exc)))
                 raise

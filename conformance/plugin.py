@@ -72,7 +72,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     process here, the earliest hook that knows the options (before every other plugin's
     part of this hook), so that the framework's import (seconds) overlaps the rest of
     pytest's start-up and the spec's loading: the judge's process, which starts the
-    backend's first thing (judge_process.py). Isolated, nothing of a test runs in
+    backend's first thing (process/judge_host.py). Isolated, nothing of a test runs in
     pytest's own process (the backend's and the judge's output go to logs of their own),
     so pytest captures nothing there: capturing each test cost ~0.1 ms, and its logging
     plugin's capture of each test's log records ~0.03 ms (kept when the run asks for
@@ -84,9 +84,28 @@ def pytest_load_initial_conftests(early_config, parser, args):
             known.capture = "no"
             if not _logs_asked(early_config, known):
                 early_config.pluginmanager.set_blocked("logging-plugin")
-            from .process.spawn import judge_options, start_early    # no NumPy yet
-            start_early(early_config, judge_options(lambda name: getattr(known, name)))
+            from .process.protocol import JudgeOptions     # the standard library alone
+            start_early(early_config, JudgeOptions.of(lambda name: getattr(known, name)))
     return (yield)
+
+
+#: the attribute of pytest's config that holds a judge started early
+EARLY_ATTR = "_attention_conformance_early_judge"
+
+
+def start_early(config, options) -> None:
+    """Start the judge's process (and so the backend's) before pytest has configured the
+    run; pytest_cases takes it over. Ended at the config's cleanup if nothing took it (a
+    usage error, --help)."""
+    from .process import spawn                          # the standard library alone
+    launched = spawn.start_judge(options)
+    setattr(config, EARLY_ATTR, (options, launched))
+
+    def cleanup():
+        if config.__dict__.pop(EARLY_ATTR, None) is not None:
+            spawn.end_tree(launched[0], launched[3])
+            spawn.remove_folder(launched[2])
+    config.add_cleanup(cleanup)
 
 
 def _logs_asked(config, known) -> bool:
@@ -105,4 +124,4 @@ def pytest_configure(config):
     if config.getoption("backend"):
         from . import pytest_cases  # the whole runner, only when a run asks for it
         config.pluginmanager.register(pytest_cases, "attention-conformance-cases")
-        pytest_cases.start(config)
+        pytest_cases.start(config, early=config.__dict__.pop(EARLY_ATTR, None))

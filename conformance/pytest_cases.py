@@ -10,51 +10,56 @@ from __future__ import annotations
 
 import atexit
 import gc
+import signal
+import threading
 import warnings
 from pathlib import Path
 
 import pytest
 
-from .model.case import in_profile, test_name
-from .specs.expected import expected_for
+from .backend.in_process import InProcess
+from .backend.interface import describe
+from .backend.resolve import BackendLoadError, load_backend
+from .checking.verdict import verdict_of
 from .golden.compute import rounded_inputs
 from .golden.store import GoldenStore
-from .backend.interface import describe
-from .process.judge_proxy import Judge, take_early
-from .process.spawn import judge_options
-from .backend.resolve import BackendLoadError, load_backend
-from .model.errors import CheckFailure, SuiteError
+from .model.case import in_profile, test_name
+from .model.errors import CaseTimeout, CheckFailure, SuiteError
+from .model.folder import SpecFolder
+from .model.text import printable
+from .process.judge_proxy import JudgeProxy
+from .process.protocol import JudgeOptions
 from .reports.markdown import summary_lines, write_backend_report
 from .reports.results import ResultLog, record_for
-from .model.folder import SpecFolder
+from .specs.expected import ExpectedFailures, expected_for
 from .specs.loader import SpecError, load_spec
-from .specs.yaml_reader import printable
-from .backend.timeout import CaseTimeout
-from .checking.verdict import verdict_of
 
 
 class State:
-    """What the plugin holds for one session. Isolated, the backend's declaration (its
-    name, dtypes, policy: info, expected failures and the results log) is taken only when
-    first needed, after collection, so that pytest collects while the framework imports."""
+    """What the plugin holds for one session. Isolated, the judge's process runs and
+    checks every test, and the backend's declaration (its name, dtypes, policy: info,
+    expected failures and the results log) is taken only when first needed, after
+    collection, so that pytest collects while the framework imports."""
 
-    def __init__(self, config):
+    def __init__(self, config, early=None):
+        """early: (options, launched) of the judge plugin.start_early() started."""
         self.config = config
-        isolated = not config.getoption("in_process")
-        self.judge = None       # isolated: the judge's process runs and checks every test
-        if isolated:    # the framework imports in the backend's process as this one starts
-            self.judge = self.backend = take_early(config) or Judge(
-                judge_options(config.getoption), wait=False)
+        self.judge = self.backend = None
+        if config.getoption("in_process"):
+            self.backend = InProcess(load_backend(config.getoption("backend"),
+                                                  config.getoption("device")),
+                                     config.getoption("case_timeout"))
+        elif early:     # the framework imports in the backend's process as this one starts
+            self.judge = JudgeProxy(early[0], launched=early[1])
         else:
-            self.backend = load_backend(config.getoption("backend"), config.getoption("device"))
+            self.judge = JudgeProxy(JudgeOptions.of(config.getoption))
         try:
             self.folder = SpecFolder.from_option(config.getoption("spec_dir"))
             self.cases_dir = self.folder.cases_dir
             self.spec = load_spec(self.folder, cache=True)
             self.golden = GoldenStore.of(self.folder)
         except BaseException:
-            if isolated:
-                self.judge.close()
+            self.close()
             raise
         self._by_file = {}
         for case in self.spec.cases:
@@ -62,31 +67,45 @@ class State:
         self.interrupted = False
         self.log = None                 # with info and expected: once the declaration is taken
         self.load_failed = False
-        if not isolated:
+        if self.backend is not None:
             self.declared()
 
     def cases_in(self, file_name: str) -> list:
         """The cases of one case file, in order."""
         return self._by_file.get(file_name, [])
 
-    def declared(self) -> "State":
-        """The backend's declaration taken (once): info, expected, log."""
+    def declared(self, wait: bool = True) -> "State":
+        """The backend's declaration taken (once): info, expected, log. wait=False (an
+        interrupted run): a judge still loading is not waited for, and the log says only
+        the backend's reference."""
         if self.load_failed:
             raise pytest.UsageError("the backend failed to load (see above)")
         if self.log is None:
-            if self.judge is not None:
-                try:
-                    self.judge.wait_loaded()
-                except BackendLoadError as exc:
-                    self.load_failed = True
-                    self.judge.close()
-                    raise pytest.UsageError(str(exc)) from None
-            self.info = describe(self.backend)
-            self.expected = expected_for(self.backend,
-                                         self.config.getoption("expected_failures"))
+            declaration = self._declaration(wait)
+            self.info = describe(declaration) if declaration else \
+                {"name": self.config.getoption("backend"), "dtypes": [], "policy": {},
+                 "versions": {}, "paths": {}}
+            self.expected = expected_for(declaration, self.config.getoption("expected_failures")) \
+                if declaration else ExpectedFailures()
             self.log = ResultLog(self.info, self.spec, spec_dir=self.folder.root,
                                  selection=_selection(self.config))
         return self
+
+    def _declaration(self, wait: bool):
+        if self.backend is not None:
+            return self.backend.declaration
+        if self.judge.declaration is None and wait:
+            try:
+                self.judge.wait_loaded()
+            except BackendLoadError as exc:
+                self.load_failed = True
+                self.close()
+                raise pytest.UsageError(str(exc)) from None
+        return self.judge.declaration
+
+    def close(self) -> None:
+        if self.judge is not None:
+            self.judge.close()      # the judge and every process of its run
 
 
 def _selection(config) -> dict:
@@ -103,14 +122,16 @@ _STATE = pytest.StashKey["State"]()
 _COLLECTOR = pytest.StashKey["_Collector"]()
 
 
-def start(config):
-    """Load the backend and the spec, and register the hooks of a certification run."""
+def start(config, early=None):
+    """Load the backend and the spec, and register the hooks of a certification run.
+    early: (options, launched) of the judge plugin.start_early() started, if it did."""
     # gc.freeze() at the run's start is undone once pytest's own clean-up, which collects
     # five times, is over (cleanups run last in, first out: pytest's plugins register
     # theirs after this), for an interpreter that runs pytest again (pytest.main)
     config.add_cleanup(gc.unfreeze)
+    _interrupt_on_termination(config)
     try:
-        config.stash[_STATE] = State(config)
+        config.stash[_STATE] = State(config, early)
         config.stash[_COLLECTOR] = _Collector(config.stash[_STATE])
         config.pluginmanager.register(config.stash[_COLLECTOR], "attention-conformance-results")
         if hasattr(config, "workerinput"):
@@ -120,6 +141,22 @@ def start(config):
     stray = _errors_outside_case_files(config.stash[_STATE])
     if stray:   # no test item could carry them: the spec folder itself is unusable
         raise pytest.UsageError("\n".join(str(e) for e in stray))
+
+
+def _interrupt_on_termination(config) -> None:
+    """SIGTERM and SIGHUP end a run as Ctrl-C does (KeyboardInterrupt): its report is
+    written, marked incomplete, and every process of the run is ended. Only where no
+    handler of another's is set, and only for the run."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _interrupt)
+            config.add_cleanup(lambda sig=sig: signal.signal(sig, signal.SIG_DFL))
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
 
 
 def _errors_outside_case_files(state) -> list:
@@ -215,6 +252,7 @@ class CaseItem(pytest.Item):
     def runtest(self):
         verdict = verdict_for(self, _state(self.config))
         status, message, seconds = verdict["status"], verdict["message"], verdict["seconds"]
+        self.replaced = verdict.get("replaced", "")     # why a fresh backend process, if one
         if status == "pass":
             self._record("pass", "", seconds, verdict["ratio"])
         elif status == "unsupported":
@@ -246,6 +284,8 @@ class CaseItem(pytest.Item):
         """Kept on the item; pytest_runtest_makereport puts it on the test report, so
         that it reaches the results log in the main process, with or without xdist."""
         self.conformance_record = record_for(self, status, message, seconds, ratio)
+        if getattr(self, "replaced", ""):
+            self.conformance_record["replaced"] = self.replaced
 
     def header(self) -> str:
         state = _declared(self.config)
@@ -286,6 +326,9 @@ class CaseItem(pytest.Item):
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
+    collector = config.stash.get(_COLLECTOR, None)
+    if collector is not None:                   # first: an interrupted wait below loses none
+        collector.selected.update(i.nodeid for i in items if isinstance(i, CaseItem))
     state = _declared(config)
     if not state:
         return
@@ -305,17 +348,15 @@ def pytest_collection_modifyitems(session, config, items):
 
 def verdict_for(item: CaseItem, state: State) -> dict:
     """The test's verdict: the judge's (isolated), or judged here (--in-process)."""
-    timeout = item.config.getoption("case_timeout")
     if state.judge is not None:
-        return state.judge.verdict(item.test_id, timeout)
-    return verdict_of(state.backend, item.case, item.variant, item.dtype, state.golden, timeout)
+        return state.judge.verdict(item.test_id)
+    return verdict_of(state.backend, item.case, item.variant, item.dtype, state.golden)
 
 
 def ask_ahead(state: State, items) -> None:
     """Have the judge judge these tests ahead of the run, in this order."""
     if state.judge is not None:
-        state.judge.ask([i.test_id for i in items if isinstance(i, CaseItem)],
-                        state.config.getoption("case_timeout"))
+        state.judge.ask([i.test_id for i in items if isinstance(i, CaseItem)])
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -361,9 +402,6 @@ class _Collector:
         self.selected: set[str] = set()
         self.recorded: set[str] = set()
 
-    def pytest_collection_finish(self, session):
-        self.selected.update(i.nodeid for i in session.items if isinstance(i, CaseItem))
-
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
         self.selected.update(i for i in ids if "::" in i and "spec-error:" not in i)
@@ -382,7 +420,14 @@ class _Collector:
         self.state.interrupted = True
 
     def not_run(self) -> list[str]:
-        return sorted(self.selected - self.recorded)
+        """The test ids (topic/case-id[variant-dtype]) of selected tests that never ran."""
+        return sorted(_test_id(node) for node in self.selected - self.recorded)
+
+
+def _test_id(nodeid: str) -> str:
+    """topic/case-id[variant-dtype] of a node id (spec/cases/TOPIC.yaml::case-id[...])."""
+    path, _, name = nodeid.partition("::")
+    return f"{Path(path).stem}/{name}"
 
 
 def _error_record(report) -> dict:
@@ -401,13 +446,14 @@ def _error_record(report) -> dict:
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if hasattr(config, "workerinput"):              # an xdist worker: the main process reports
         return
-    state = _declared(config)
-    if not state:
+    state = _state(config)
+    if state is None or state.load_failed:
         return
+    state.declared(wait=not state.interrupted)
     state.log.interrupted = state.interrupted
     collector = config.stash.get(_COLLECTOR, None)
     missing = collector.not_run() if collector else []
-    state.log.not_run = len(missing)
+    state.log.not_run = missing
     state.log.finish()
     for line in summary_lines(state.log):
         terminalreporter.write_line(line)
@@ -433,5 +479,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_unconfigure(config):
     state = _state(config)
-    if state is not None and state.judge is not None:
-        state.judge.close(wait=False)       # the judge's and the backend's processes
+    if state is not None:
+        state.close()

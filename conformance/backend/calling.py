@@ -1,5 +1,6 @@
-"""Calling a backend: inputs in interface order, outputs checked against the contract
-(a NumPy array of the expected shape and dtype), inputs that must stay unchanged."""
+"""Calling an adapter: inputs in interface order, outputs checked against the contract
+(a NumPy array of the expected shape and dtype), inputs that must stay unchanged. The
+same in the runner's process (--in-process) and in the backend's own (process/)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from ..model.dtypes import dtype_name, numpy_dtype
 from ..model.ops import OPS, output_shapes, outputs_for
-from ..model.errors import BackendCrashed, BackendRaised, CheckFailure, Unsupported
+from ..model.errors import BackendRaised, CaseTimeout, CheckFailure, Unsupported
 
 
 def cast_inputs(exact_inputs: dict, dtype: str) -> dict:
@@ -58,25 +59,33 @@ def call_arguments(op, arrays: dict) -> tuple[list, dict]:
         {n: a for n, a in arrays.items() if n not in positional}
 
 
-def call_backend(backend, op, arrays, params):
-    """Call op with positional inputs in interface order; always a tuple of outputs."""
-    spec = OPS[op]
-    positional, keywords = call_arguments(op, arrays)
-    method = getattr(backend, op, None)
+def invoke(adapter, op, arrays, params):
+    """Call the adapter's op with positional inputs in interface order; its raw result.
+    Unsupported for an op, keyword or param it lacks (or NotImplementedError);
+    BackendRaised for anything else it raises; CheckFailure if it wrote into an input."""
+    method = getattr(adapter, op, None)
     if method is None:
         raise Unsupported(f"backend has no method {op!r}")
+    positional, keywords = call_arguments(op, arrays)
     missing = unaccepted(method, [*keywords, *params])
     if missing:
         raise Unsupported(unaccepted_text(op, missing))
+    before = snapshot(arrays)
     try:
         result = method(*positional, **keywords, **params)
-    except (Unsupported, BackendRaised, BackendCrashed, CheckFailure):
+    except (CaseTimeout, KeyboardInterrupt):
         raise
     except NotImplementedError as exc:
         raise Unsupported(str(exc) or type(exc).__name__) from None
-    except Exception as exc:
+    except BaseException as exc:          # SystemExit included: the adapter's, not ours
         raise BackendRaised(exc) from exc
-    outputs = spec.outputs_for(arrays)
+    assert_unchanged(before, arrays)
+    return result
+
+
+def output_tuple(op, arrays, result) -> tuple:
+    """An op's result as a tuple of its outputs (CheckFailure if it is not that)."""
+    outputs = outputs_for(op, arrays)
     if len(outputs) == 1:
         return (result,)
     if not isinstance(result, (tuple, list)) or len(result) != len(outputs):
@@ -137,15 +146,3 @@ def _first_change(original, now) -> str:
         return " (only its bits changed: a NaN payload, the sign of a zero or its dtype)"
     where = tuple(int(i) for i in changed[0])
     return f" (first change at {list(where)}: {original[where]} became {now[where]})"
-
-
-def call_checked(backend, op, arrays, params):
-    """Call the backend, and fail if it wrote into its inputs; the raw outputs. An
-    isolated backend's process checks its own copy of the inputs (worker.py): this
-    process's arrays never reach it."""
-    if getattr(backend, "isolated", False):
-        return call_backend(backend, op, arrays, params)
-    before = snapshot(arrays)
-    raw = call_backend(backend, op, arrays, params)
-    assert_unchanged(before, arrays)
-    return raw

@@ -1,13 +1,16 @@
-"""What a backend declares: name, dtypes, policy (and optionally op_policy, versions, paths).
+"""What a backend declares: name, dtypes, policy (and optionally op_policy, versions,
+paths, expected_failures_file), and the ops it implements.
 
 The interface is structural: an adapter never has to import the suite. The ops it
-implements are those of ops.py; docs/interface.md is the contract in words. A
-declaration that is not what the interface says is one clear error when the backend
-is loaded.
+implements are those of model/ops.py; docs/interface.md is the contract in words. A
+declaration that is not what the interface says is one clear error when the backend is
+loaded. The suite reads a backend's declaration once, as a `Declaration` (plain data:
+it crosses from the backend's process), and never the adapter's attributes again.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..model.dtypes import DTYPES
@@ -15,27 +18,88 @@ from ..model.ops import OPS
 from ..model.policies import POLICIES
 
 
-def _really_has(backend: Any, name: str) -> bool:
+def really_has(adapter: Any, name: str) -> bool:
     """The attribute is the instance's or a class's, not one a catch-all __getattr__ makes up."""
-    if name in getattr(backend, "__dict__", {}):
+    if name in getattr(adapter, "__dict__", {}):
         return True
-    return any(name in vars(cls) for cls in type(backend).__mro__)
+    return any(name in vars(cls) for cls in type(adapter).__mro__)
 
 
-def op_policy(backend: Any) -> dict[str, dict[str, str]]:
+@dataclass(frozen=True)
+class Declaration:
+    name: str
+    dtypes: frozenset
+    policy: dict
+    op_policy: dict = field(default_factory=dict)       # op -> {policy: choice}
+    versions: dict = field(default_factory=dict)
+    paths: dict = field(default_factory=dict)
+    module: str = ""                                    # the module of the adapter's class
+    expected_failures_file: str = ""
+    ops: tuple = ()                                     # the ops the adapter implements
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "dtypes": sorted(self.dtypes), "ops": list(self.ops)}
+
+    @classmethod
+    def from_dict(cls, data) -> "Declaration":
+        """A declaration as it crossed from the backend's process (ValueError if it is not
+        one: that process runs the adapter's code, and may have been tampered with)."""
+        if not isinstance(data, dict) or set(data) != set(cls.__dataclass_fields__):
+            raise ValueError(f"not a declaration: {str(data)[:200]}")
+        text = {k: data[k] for k in ("name", "module", "expected_failures_file")}
+        names = {"dtypes": data["dtypes"], "ops": data["ops"]}
+        tables = {k: data[k] for k in ("policy", "versions", "paths")}
+        if not all(isinstance(v, str) for v in text.values()) \
+                or not all(isinstance(v, list) and all(isinstance(x, str) for x in v)
+                           for v in names.values()) \
+                or not all(_str_table(v) for v in tables.values()) \
+                or not isinstance(data["op_policy"], dict) \
+                or not all(isinstance(op, str) and _str_table(c) for op, c in data["op_policy"].items()):
+            raise ValueError(f"not a declaration: {str(data)[:200]}")
+        return cls(**text, **tables, dtypes=frozenset(names["dtypes"]), ops=tuple(names["ops"]),
+                   op_policy=data["op_policy"])
+
+
+def _str_table(value) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in value.items())
+
+
+def declare(adapter: Any) -> Declaration:
+    """The adapter's declaration as plain data (after declaration_problems found none)."""
+    def plain(name, kind):
+        try:
+            return kind(getattr(adapter, name)) if really_has(adapter, name) else kind()
+        except Exception:
+            return kind()
+
+    def table(value) -> dict:
+        return {str(k): str(v) for k, v in value.items()}
+    own_file = getattr(adapter, "expected_failures_file", None) \
+        if really_has(adapter, "expected_failures_file") else None
+    return Declaration(
+        name=str(adapter.name), dtypes=frozenset(str(d) for d in adapter.dtypes),
+        policy=table(adapter.policy),
+        op_policy={str(op): table(chosen) for op, chosen in op_policy(adapter).items()},
+        versions=table(plain("versions", dict)), paths=table(plain("paths", dict)),
+        module=type(adapter).__module__,
+        expected_failures_file=str(own_file) if isinstance(own_file, str) or
+        hasattr(own_file, "__fspath__") else "",
+        ops=tuple(op for op in OPS if callable(getattr(adapter, op, None))))
+
+
+def op_policy(adapter: Any) -> dict[str, dict[str, str]]:
     """op -> {policy: choice}: the optional per-op declarations that override `policy`
-    for that op (docs/interface.md); {} when the backend declares none."""
-    if not _really_has(backend, "op_policy"):
+    for that op (docs/interface.md); {} when the adapter declares none."""
+    if not really_has(adapter, "op_policy"):
         return {}
-    value = getattr(backend, "op_policy", None)
+    value = getattr(adapter, "op_policy", None)
     return value if isinstance(value, dict) else {}
 
 
-def policy_for(backend: Any, op: str) -> dict[str, str]:
+def policy_for(declaration: Declaration, op: str) -> dict[str, str]:
     """The backend's choices for one op: `policy`, overridden by `op_policy[op]`."""
-    merged = dict(getattr(backend, "policy", {}) or {})
-    merged.update(op_policy(backend).get(op, {}))
-    return merged
+    return {**declaration.policy, **declaration.op_policy.get(op, {})}
 
 
 def _choice_problems(policy: dict, label: str) -> list[str]:
@@ -48,49 +112,48 @@ def _choice_problems(policy: dict, label: str) -> list[str]:
     return problems
 
 
-def declaration_problems(backend: Any) -> list[str]:
-    """Every way the backend's name, dtypes and policy break the interface."""
+def declaration_problems(adapter: Any) -> list[str]:
+    """Every way the adapter's name, dtypes and policy break the interface."""
     problems = []
-    name = getattr(backend, "name", None)
+    name = getattr(adapter, "name", None)
     if not isinstance(name, str) or not name.strip():
         problems.append(f"name must be a non-empty str, not {name!r}")
-    dtypes = getattr(backend, "dtypes", None)
+    dtypes = getattr(adapter, "dtypes", None)
     if isinstance(dtypes, (str, bytes)) or not isinstance(dtypes, (set, frozenset, tuple, list)):
         problems.append(f"dtypes must be a set (or tuple) of dtype names, not {dtypes!r}")
     else:
         unknown = [d for d in dtypes if d not in DTYPES]
         if unknown:
             problems.append(f"dtypes names unknown dtype(s) {unknown}; known: {', '.join(DTYPES)}")
-    policy = getattr(backend, "policy", None)
+    policy = getattr(adapter, "policy", None)
     if not isinstance(policy, dict):
         problems.append(f"policy must be a dict of policy name -> choice, not {policy!r}")
     else:
         problems += _choice_problems(policy, "policy")
-    if _really_has(backend, "op_policy"):
-        per_op = getattr(backend, "op_policy", None)
-        if not isinstance(per_op, dict):
-            problems.append(f"op_policy must be a dict of op name -> {{policy: choice}}, "
-                            f"not {per_op!r}")
-        else:
-            for op, chosen in per_op.items():
-                if op not in OPS:
-                    problems.append(f"op_policy names unknown op {op!r}; known: {', '.join(OPS)}")
-                elif not isinstance(chosen, dict):
-                    problems.append(f"op_policy[{op!r}] must be a dict of policy name -> "
-                                    f"choice, not {chosen!r}")
-                else:
-                    problems += _choice_problems(chosen, f"op_policy[{op!r}]")
+    if really_has(adapter, "op_policy"):
+        problems += _op_policy_problems(getattr(adapter, "op_policy", None))
     return problems
 
 
-def describe(backend: Any) -> dict[str, Any]:
+def _op_policy_problems(per_op) -> list[str]:
+    if not isinstance(per_op, dict):
+        return [f"op_policy must be a dict of op name -> {{policy: choice}}, not {per_op!r}"]
+    problems = []
+    for op, chosen in per_op.items():
+        if op not in OPS:
+            problems.append(f"op_policy names unknown op {op!r}; known: {', '.join(OPS)}")
+        elif not isinstance(chosen, dict):
+            problems.append(f"op_policy[{op!r}] must be a dict of policy name -> choice, "
+                            f"not {chosen!r}")
+        else:
+            problems += _choice_problems(chosen, f"op_policy[{op!r}]")
+    return problems
+
+
+def describe(declaration: Declaration) -> dict[str, Any]:
     """The declared facts of a backend, for reports."""
-    return {
-        "name": getattr(backend, "name", type(backend).__name__),
-        "dtypes": sorted(getattr(backend, "dtypes", ())),
-        "policy": dict(getattr(backend, "policy", {})),
-        "versions": dict(getattr(backend, "versions", {})),
-        "paths": dict(getattr(backend, "paths", {})),
-        **({"op_policy": {op: dict(c) for op, c in op_policy(backend).items()}}
-           if op_policy(backend) else {}),
-    }
+    return {"name": declaration.name, "dtypes": sorted(declaration.dtypes),
+            "policy": dict(declaration.policy), "versions": dict(declaration.versions),
+            "paths": dict(declaration.paths),
+            **({"op_policy": {op: dict(c) for op, c in declaration.op_policy.items()}}
+               if declaration.op_policy else {})}

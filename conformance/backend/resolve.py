@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -33,7 +34,8 @@ def _import_file(path: Path):
     folder = str(path.resolve().parent)
     if folder not in sys.path:
         sys.path.append(folder)     # appended: the adapter's siblings never shadow packages
-    module_name = f"_attention_conformance_adapter_{abs(hash(str(path.resolve())))}"
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    module_name = f"_attention_conformance_adapter_{digest}"     # the same in every process
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module

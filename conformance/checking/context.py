@@ -1,5 +1,6 @@
 """What a check sees of one run: the case, the inputs as given, the outputs, the golden
-store and the tolerance rule of the spec folder, and a way to call the backend again."""
+store and the tolerance rule of the spec folder, the backend's declaration, and a way to
+call the backend again."""
 
 from __future__ import annotations
 
@@ -7,14 +8,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend.calling import call_checked
 from ..model.dtypes import numpy_dtype
 from ..model.tolerances import Tolerances
 
 
 @dataclass
 class Context:
-    backend: object
+    caller: object          # the backend for this test: .declaration, and .call(op, arrays, params)
     case: object
     variant: object
     dtype: str
@@ -28,9 +28,13 @@ class Context:
     def params(self):
         return self.case.params
 
+    @property
+    def declaration(self):
+        return self.caller.declaration
+
     def call(self, arrays=None, op=None, **params):
         """Call the backend again (metamorphic properties), returning float64 outputs."""
-        raw = call_checked(self.backend, *self.request(arrays, op, params))
+        raw = self.caller.call(*self.request(arrays, op, params))
         return [np.array(r, dtype=np.float64, subok=False) for r in raw]
 
     def request(self, arrays, op, params) -> tuple:

@@ -37,7 +37,7 @@ def _policy_label(policy):
 
 def accumulation(ctx: Context) -> str:
     """The backend's declared accumulation tier for this op (`input` when it declares none)."""
-    return policy_for(ctx.backend, ctx.case.op).get("accumulation") or "input"
+    return policy_for(ctx.declaration, ctx.case.op).get("accumulation") or "input"
 
 
 def _golden(ctx: Context, policy, tier) -> dict:
@@ -238,7 +238,7 @@ def check_rows_or_nan(ctx: Context, policy) -> float:
 def policy_outcome(ctx: Context, policies: dict) -> float:
     """Check the outcome the case expects under the backend's declared choice."""
     ratio = 0.0
-    declared = policy_for(ctx.backend, ctx.case.op)      # op_policy overrides policy
+    declared = policy_for(ctx.declaration, ctx.case.op)      # op_policy overrides policy
     for name, choices in policies.items():
         choice = declared.get(name)
         if choice is None:
@@ -274,7 +274,7 @@ def planned_calls(ctx: Context) -> list:
     reads only after its calls (properties.py), so that an isolated backend computes
     them with the test's own first call."""
     expect, outcomes = ctx.case.expect, [ctx.case.expect]
-    declared = policy_for(ctx.backend, ctx.case.op) if "policy" in expect else {}
+    declared = policy_for(ctx.declaration, ctx.case.op) if "policy" in expect else {}
     for name, choices in expect.get("policy", {}).items():
         outcomes.append(choices.get(declared.get(name), {}))
     calling = [entry for outcome in outcomes for entry in map(property_entry,

@@ -1,5 +1,6 @@
-"""One test's outcome as plain data, whichever process judged it: the runner's own
-(--in-process), or the judge's, ahead of the runner (judge_process.py).
+"""One test run and judged: its inputs, its calls, the contract of its outputs, every
+expectation of its case, and its outcome as plain data (a verdict), whichever process
+judged it: the runner's own (--in-process), or the judge's, ahead of the runner (process/).
 
 A verdict is a dict: ``status`` (one of STATUSES), ``message`` (the first line is the
 reason), ``seconds`` (the time inside the case), ``ratio`` (the worst error over
@@ -10,13 +11,15 @@ the backend's or of the suite's own code each end in a status.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import traceback
 
-from ..model.errors import BackendCrashed, BackendRaised, CheckFailure, Unsupported
-from .run import run_case
-from ..backend.timeout import CaseTimeout, time_limit
+from ..backend.calling import cast_inputs, checked_outputs
+from ..golden.compute import rounded_inputs
+from ..model.errors import BackendCrashed, BackendRaised, CaseTimeout, CheckFailure, Unsupported
+from ..model.text import printable
+from .context import Context
+from .expectations import Result, check_case
 
 #: status -> what it means (pytest_cases.py turns each into the test's outcome)
 STATUSES = {
@@ -29,17 +32,40 @@ STATUSES = {
 }
 
 
-def verdict_of(backend, case, variant, dtype, golden, timeout: float, prepared=None,
-               called=None) -> dict:
-    """Run one case variant in one dtype and judge it (runner.run_case, which takes
-    prepared and called), to a verdict.
+def case_inputs(case, variant, dtype) -> tuple[dict, dict]:
+    """(the exact float64 inputs, the inputs as the backend receives them)."""
+    exact_inputs = rounded_inputs(case, variant, dtype)
+    return exact_inputs, cast_inputs(exact_inputs, dtype)
 
-    timeout: seconds (0: none), kept by the backend's process when it is isolated (it is
-    killed at the deadline, even inside native code), else by a timer in this process."""
+
+def run_case(caller, case, variant, dtype, golden, prepared=None, called=None) -> Result:
+    """Run and judge; raises Unsupported or CheckFailure, returns Result on a pass.
+
+    caller: the backend for this test (.declaration, .call(op, arrays, params)).
+    golden: the GoldenStore of the spec folder (it carries the folder's tolerances).
+    prepared: case_inputs() of this very test, if they were built already (for a call
+    sent ahead: the same array objects are how that call is matched).
+    called: called once the backend has answered the test's first call, before its
+    outputs are checked (the judge sends the next tests' calls ahead then)."""
+    if dtype not in caller.declaration.dtypes:
+        raise Unsupported(f"backend does not declare dtype {dtype}")
+    exact_inputs, arrays = prepared or case_inputs(case, variant, dtype)
+    raw = caller.call(case.op, arrays, case.params)
+    if called is not None:
+        called()
+    outputs = checked_outputs(case.op, raw, arrays, case.params, dtype)
+    return check_case(Context(caller, case, variant, dtype, arrays, exact_inputs, outputs,
+                              golden, golden.tolerances))
+
+
+def verdict_of(backend, case, variant, dtype, golden, prepared=None, called=None) -> dict:
+    """Run one case variant in one dtype and judge it (run_case, which takes prepared and
+    called), to a verdict. backend: what runs one test's calls under --case-timeout
+    (backend/in_process.InProcess, or the judge's process/backend_proxy.BackendProxy)."""
     start = time.perf_counter()
     try:
-        with _time_limit(backend, timeout):
-            result = run_case(backend, case, variant, dtype, golden, prepared, called)
+        with backend.test() as caller:
+            result = run_case(caller, case, variant, dtype, golden, prepared, called)
     except Unsupported as exc:
         return _verdict("unsupported", str(exc), start)
     except BackendCrashed as exc:
@@ -60,17 +86,11 @@ def verdict_of(backend, case, variant, dtype, golden, timeout: float, prepared=N
     return _verdict("pass", "", start, ratio=result.worst_ratio)
 
 
-def _time_limit(backend, seconds: float):
-    if not getattr(backend, "isolated", False):
-        return time_limit(seconds)
-    backend.deadline = time.monotonic() + seconds if seconds else None
-    backend.timeout_text = f"the backend did not return within {seconds:g} s (--case-timeout)"
-    return contextlib.nullcontext()
-
-
 def _verdict(status, message, start, ratio=0.0, cause=None, frames=-3) -> dict:
-    return {"status": status, "message": message, "seconds": time.perf_counter() - start,
-            "ratio": float(ratio), "cause": _traceback(cause, frames)}
+    """A verdict; its texts hold what a backend said, shown safe for a terminal."""
+    return {"status": status, "message": printable(message),
+            "seconds": time.perf_counter() - start, "ratio": float(ratio),
+            "cause": printable(_traceback(cause, frames))}
 
 
 def _traceback(exc, frames) -> str:

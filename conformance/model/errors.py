@@ -20,7 +20,15 @@ class SuiteError(Exception):
 
 
 class BackendCrashed(Exception):
-    """The backend's own process died during a call (a signal, or an exit)."""
+    """The backend's own process died during a call (a signal, an exit), or broke the
+    protocol (an answer to another call, bytes that are no message) and was killed."""
+
+
+class CaseTimeout(BaseException):
+    """The backend did not finish a test's calls within --case-timeout.
+
+    A BaseException, as KeyboardInterrupt is: an adapter's `except Exception` must not
+    swallow it and return as if it had finished."""
 
 
 class BackendRaised(Exception):
@@ -45,4 +53,4 @@ def _text(exc: BaseException) -> str:
     try:
         return str(exc)
     except Exception as inner:
-        return f"<unprintable {type(exc).__name__}: its __str__ raised {type(inner).__name__}>"
+        return f"<its __str__ raised {type(inner).__name__}>"

@@ -1,35 +1,36 @@
-"""A backend in its own process: ``python -m attention_conformance.process.backend_host FD REFERENCE
-[DEVICE]`` (with DEVICE, the backend is built with ``device=DEVICE``).
+"""A backend in its own process: ``python -m attention_conformance.process.backend_host
+FD REFERENCE [DEVICE]`` (with DEVICE, the backend is built with ``device=DEVICE``).
 
-The runner (isolation.py) starts it with one end of a socket pair as FD. It loads the
-backend, answers with its declaration, then serves calls until told to stop: each
-request is an op with its arrays and params (or a batch of such, answered one by one),
-each answer the outputs, or what went wrong (unsupported, the exception raised, an input
-written into). Nothing is judged
-here: the runner checks every output in its own process.
+The judge (backend_proxy.py) starts it with one end of a socket pair as FD. It loads
+the backend, answers with its declaration, then serves calls until told to stop: each
+call is an op with its arrays and params, each answer carries the call's id and the
+outputs, or what went wrong (unsupported, the exception raised, an input written into,
+outputs over the size limit). Nothing is judged here: the judge checks every output in
+its own process. A process that the adapter forks never answers: its child closes the
+socket at once, and leaves if it ever returns here.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import socket
 import sys
 import time
 import traceback
-from multiprocessing.connection import Connection
 
 try:
     import resource
 except ImportError:             # not on Windows
     resource = None
 
-from . import wire
-from ..backend.calling import assert_unchanged, call_arguments, snapshot, unaccepted, unaccepted_text
-from ..backend.interface import op_policy
-from .spawn import end_with_parent
+from ..backend.calling import invoke
+from ..backend.interface import declare
 from ..backend.resolve import BackendLoadError, load_backend
-from ..model.ops import OPS
-from ..model.errors import CheckFailure
+from ..model.errors import BackendRaised, CheckFailure, Unsupported
+from . import protocol
+from .spawn import end_with_parent
+from .wire import MAX_ANSWER_BYTES, Channel, WireError, array_bytes
 
 
 def _text(exc: BaseException) -> str:
@@ -37,26 +38,6 @@ def _text(exc: BaseException) -> str:
         return f"{type(exc).__name__}: {exc}"
     except Exception:
         return f"{type(exc).__name__}: <its __str__ raised>"
-
-
-def declaration(backend) -> dict:
-    def plain(value, kind):
-        try:
-            return kind(value)
-        except Exception:
-            return kind()
-    return {
-        "name": str(getattr(backend, "name", "")),
-        "dtypes": sorted(str(d) for d in plain(getattr(backend, "dtypes", ()), list)),
-        "policy": {str(k): str(v) for k, v in plain(getattr(backend, "policy", {}), dict).items()},
-        "versions": {str(k): str(v) for k, v in plain(getattr(backend, "versions", {}), dict).items()},
-        "paths": {str(k): str(v) for k, v in plain(getattr(backend, "paths", {}), dict).items()},
-        "op_policy": {str(op): {str(k): str(v) for k, v in plain(chosen, dict).items()}
-                      for op, chosen in op_policy(backend).items()},
-        "module": type(backend).__module__,
-        "expected_failures_file": str(getattr(backend, "expected_failures_file", "") or ""),
-        "ops": [op for op in OPS if callable(getattr(backend, op, None))],
-    }
 
 
 @functools.cache
@@ -71,11 +52,14 @@ def _statm() -> tuple[int, float] | None:
 def memory_mib() -> float | None:
     """The memory this process holds now (resident), in MiB: the runner restarts a
     process that has grown too much. Where /proc is missing (macOS), the most it has
-    held; None where neither is known."""
+    held; None where neither is known (or the adapter closed the file it is read from)."""
     statm = _statm()
     if statm is not None:
         fd, page_mib = statm
-        return int(os.pread(fd, 128, 0).split()[1]) * page_mib
+        try:
+            return int(os.pread(fd, 128, 0).split()[1]) * page_mib
+        except (OSError, ValueError, IndexError):
+            return None
     if resource is None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB; bytes on macOS
@@ -112,60 +96,77 @@ class MapCounter:
         return lines
 
 
-def serve_one(backend, request: dict):
-    op, arrays, params = request["op"], request["arrays"], request["params"]
-    method = getattr(backend, op, None)
-    if method is None:
-        return {"unsupported": f"backend has no method {op!r}"}
-    positional, keywords = call_arguments(op, arrays)
-    missing = unaccepted(method, [*keywords, *params])
-    if missing:
-        return {"unsupported": unaccepted_text(op, missing)}
-    before = snapshot(arrays)
+def answer(adapter, call, holdings):
+    """The answer to one call; holdings() gives (memory_mib, maps) of this process once
+    the call is done."""
     try:
-        result = method(*positional, **keywords, **params)
-    except NotImplementedError as exc:
-        return {"unsupported": str(exc) or type(exc).__name__}
-    except BaseException as exc:          # SystemExit or KeyboardInterrupt included
-        return {"raised": _text(exc), "traceback": "".join(
-            traceback.format_exception(exc, limit=-4))[-4000:]}
-    try:
-        assert_unchanged(before, arrays)
-    except CheckFailure as exc:
-        return {"wrote_input": str(exc)}
-    return {"outputs": result}
+        outputs = invoke(adapter, call.op, call.arrays, call.params)
+    except BaseException as exc:
+        return _failure(exc, (call.id, *holdings()))
+    head = (call.id, *holdings())
+    size = array_bytes(outputs)
+    if size > MAX_ANSWER_BYTES:
+        return protocol.TooLarge(*head, nbytes=size)
+    return protocol.Outputs(*head, outputs=outputs)
+
+
+def _failure(exc, head):
+    """The answer to a call that raised exc."""
+    if isinstance(exc, Unsupported):
+        return protocol.Unsupported(*head, text=str(exc))
+    if isinstance(exc, CheckFailure):
+        return protocol.WroteInput(*head, text=str(exc))
+    if isinstance(exc, BackendRaised):
+        return protocol.Raised(*head, text=str(exc), traceback=_traceback(exc.__cause__))
+    return protocol.Raised(*head, text=_text(exc), traceback=_traceback(exc))   # KeyboardInterrupt
+
+
+def _traceback(exc) -> str:
+    return "".join(traceback.format_exception(exc, limit=-4))[-4000:] if exc else ""
+
+
+def serve(channel, adapter, counter) -> int:
+    """Answer calls until told to stop (or the judge has gone)."""
+    pid = os.getpid()
+    while True:
+        try:
+            call = channel.receive()
+        except (EOFError, OSError, WireError):
+            return 0
+        if not isinstance(call, protocol.Call):
+            return 0
+        reply = answer(adapter, call, lambda: (memory_mib(), counter.count()))
+        if os.getpid() != pid:          # a child the adapter forked, returned here
+            os._exit(0)
+        try:
+            channel.send(reply)
+        except (OSError, EOFError):
+            return 0
+        except Exception as exc:        # outputs that cannot be encoded at all
+            channel.send(protocol.Raised(reply.call, reply.memory_mib, reply.maps,
+                                         text=f"the outputs could not be sent: {_text(exc)}",
+                                         traceback=""))
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    end_with_parent()          # its runner: the judge's process, or any IsolatedBackend's
-    conn = Connection(int(argv[0]))
+    end_with_parent()                   # its judge
+    sock = socket.socket(fileno=int(argv[0]))
+    sock.set_inheritable(False)
+    os.register_at_fork(after_in_child=sock.close)
+    channel = Channel(sock)
     try:
-        backend = load_backend(argv[1], argv[2] if len(argv) > 2 else None)
+        adapter = load_backend(argv[1], argv[2] if len(argv) > 2 else None)
     except BackendLoadError as exc:
-        wire.send(conn, {"load_error": str(exc)})
+        channel.send(protocol.LoadError(str(exc)))
         return 2
     except BaseException as exc:
-        wire.send(conn, {"load_error": f"backend {argv[1]!r} failed to load: {_text(exc)}"})
+        channel.send(protocol.LoadError(f"backend {argv[1]!r} failed to load: {_text(exc)}"))
         return 2
     counter = MapCounter()
-    wire.send(conn, {"declared": declaration(backend), "memory_mib": memory_mib(),
-                     "maps": counter.count(force=True)})
-    while True:
-        try:
-            request = wire.receive(conn)
-        except EOFError:
-            return 0
-        if request.get("stop"):
-            return 0
-        for one in request["batch"] if "batch" in request else [request]:
-            answer = serve_one(backend, one)
-            answer["memory_mib"] = memory_mib()
-            answer["maps"] = counter.count()
-            try:
-                wire.send(conn, answer)
-            except Exception as exc:           # outputs that cannot be sent at all
-                wire.send(conn, {"raised": f"the outputs could not be sent: {_text(exc)}"})
+    channel.send(protocol.Declared(declare(adapter).as_dict(), memory_mib(),
+                                   counter.count(force=True)))
+    return serve(channel, adapter, counter)
 
 
 if __name__ == "__main__":

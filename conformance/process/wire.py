@@ -1,17 +1,27 @@
-"""Messages between the runner and a backend's own process: a JSON header, and every
-array as a raw buffer beside it. Nothing is unpickled, so a message from an adapter can
-carry data and nothing else; an array arrives as a base ndarray of a known dtype."""
+"""The bytes between two processes of a run: each message (protocol.py) is one frame, a
+magic number, its length, a JSON header and every array as a raw buffer beside it.
+Nothing is unpickled, so a message from an adapter's process carries data and nothing
+else; an array arrives as a base ndarray of a known dtype.
+
+A Channel reads and writes frames on a socket under a deadline: bytes that are not a
+frame (an adapter writing on the suite's socket), a frame over the size limit, a peer
+that sends nothing or stops reading are each an error at once or at the deadline, never
+a read that waits forever.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import select
+import socket
 import struct
+import time
 
 import numpy as np
 
 from ..model.dtypes import NUMPY_DTYPES
+from . import protocol
 
 #: the dtypes an array may have on the wire: the spec's, bool, and integers
 WIRE_DTYPES = {**NUMPY_DTYPES, "bool": np.dtype(bool), "int64": np.dtype(np.int64),
@@ -19,10 +29,21 @@ WIRE_DTYPES = {**NUMPY_DTYPES, "bool": np.dtype(bool), "int64": np.dtype(np.int6
 _NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
 #: a message is a tree of plain values made here: nothing to check for cycles
 _JSON = json.JSONEncoder(allow_nan=True, check_circular=False, separators=(",", ":"))
+MAGIC = b"ACW1"
+_HEAD = struct.Struct("<4sQI")          # magic, frame length after the head, header length
+#: the most an answer's arrays may hold (a backend's larger outputs are "too large"),
+#: and the largest frame read (anything larger is refused before it is read)
+MAX_ANSWER_BYTES = 1 << 30
+MAX_FRAME_BYTES = MAX_ANSWER_BYTES + (16 << 20)
+_CHUNK = 1 << 16
 
 
 class WireError(Exception):
-    """A message that is not what the protocol says."""
+    """Bytes that are not a message of the protocol."""
+
+
+class WireTimeout(Exception):
+    """No whole message (or no room to write one) by the deadline."""
 
 
 _LEAVES = frozenset((str, int, float, bool, type(None)))
@@ -40,7 +61,7 @@ def _encode(value, buffers: list):
         name = _NAMES.get(value.dtype)
         if name is None:
             return {"__object__": f"numpy.ndarray of dtype {value.dtype}"}
-        buffers.append(np.ascontiguousarray(value).tobytes())
+        buffers.append(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
         return {"__array__": len(buffers) - 1, "dtype": name, "shape": list(value.shape)}
     if isinstance(value, np.ndarray):          # a subclass: refused by the runner
         return {"__object__": f"{kind.__module__}.{kind.__name__}", "subclass": True}
@@ -65,8 +86,10 @@ def _decode(value, buffers: list):
             if dtype is None or not isinstance(index, int) or not 0 <= index < len(buffers) \
                     or not isinstance(shape, list):
                 raise WireError(f"bad array in message: {value!r}"[:200])
-            array = np.frombuffer(buffers[index], dtype=dtype).reshape(shape)
-            return array.copy()
+            try:
+                return np.frombuffer(buffers[index], dtype=dtype).reshape(shape).copy()
+            except (ValueError, TypeError) as exc:
+                raise WireError(f"bad array in message: {exc}") from None
         if "__tuple__" in value:
             return tuple(_decode(v, buffers) for v in value["__tuple__"])
         if "__list__" in value:
@@ -79,51 +102,129 @@ def _decode(value, buffers: list):
     return value
 
 
-def send(conn, message) -> None:
-    """One write: the header's length, the JSON header, then every buffer end to end."""
-    buffers: list[bytes] = []
-    body = _encode(message, buffers)
+def frame(msg) -> bytes:
+    """One message as the bytes of its frame."""
+    buffers: list = []
+    body = _encode(protocol.encode(msg), buffers)
     spans, offset = [], 0
     for buffer in buffers:
         spans.append([offset, len(buffer)])
         offset += len(buffer)
     header = _JSON.encode({"body": body, "buffers": spans}).encode()
-    conn.send_bytes(b"".join([struct.pack("<I", len(header)), header, *buffers]))
+    return b"".join([_HEAD.pack(MAGIC, 4 + len(header) + offset, len(header)), header, *buffers])
 
 
-_POLLERS: dict = {}
+def array_bytes(value) -> int:
+    """The bytes of every ndarray in a tree of plain values (an answer's outputs)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, (list, tuple)):
+        return sum(array_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(array_bytes(v) for v in value.values())
+    return 0
 
 
-def ready(conn, timeout: float | None = None) -> bool:
-    """Has conn a message (or its end) to read within timeout seconds (None: wait)? What
-    conn.poll(timeout) answers, without building a selector at every call (~20 us, and
-    every message is polled for); OSError once conn is closed."""
-    if not hasattr(select, "poll"):                 # Windows
-        return conn.poll(timeout)
-    fd = conn.fileno()
-    poller = _POLLERS.get(fd)
-    if poller is None:          # a file descriptor reused by a new connection: the same
-        poller = _POLLERS[fd] = select.poll()
-        poller.register(fd, select.POLLIN)
-    return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
-
-
-def receive(conn, limit: int = 1 << 31):
-    """The next message (EOFError if the other side is gone)."""
-    data = conn.recv_bytes(limit)
-    if len(data) < 4:
-        raise WireError("truncated message")
-    size = struct.unpack("<I", data[:4])[0]
+def _parse(data: memoryview):
+    size = _HEAD.size
+    _, length, header_size = _HEAD.unpack(data[:size])
     try:
-        header = json.loads(data[4:4 + size])
+        header = json.loads(data[size:size + header_size].tobytes())
         spans, body = header["buffers"], header["body"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise WireError(f"message header is not what the protocol says: {exc}") from None
-    payload = memoryview(data)[4 + size:]
+        raise WireError(f"a message header that is not the protocol's: {exc}") from None
+    payload = data[size + header_size:4 + 8 + length]
     buffers = []
     for span in spans:
-        if not (isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span)
+        if not (isinstance(span, list) and len(span) == 2 and all(type(v) is int for v in span)
                 and 0 <= span[0] and 0 <= span[1] and span[0] + span[1] <= len(payload)):
             raise WireError(f"bad buffer span {span!r}"[:200])
         buffers.append(payload[span[0]:span[0] + span[1]])
-    return _decode(body, buffers)
+    try:
+        return protocol.decode(_decode(body, buffers))
+    except protocol.ProtocolError as exc:
+        raise WireError(str(exc)) from None
+
+
+class Channel:
+    """One end of a socket pair, carrying frames."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._in = bytearray()
+        self._poll = None
+        if hasattr(select, "poll"):
+            self._poll = select.poll()
+            self._poll.register(sock.fileno(), select.POLLIN)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self):
+        self.sock.close()
+
+    # --- writing -------------------------------------------------------------------------
+    def send(self, *messages, deadline: float | None = None) -> None:
+        """Write the messages' frames in one write (a sleeping reader wakes once for them
+        all); WireTimeout if the reader has not taken them by the deadline (monotonic),
+        OSError if it is gone."""
+        data = memoryview(b"".join(frame(m) for m in messages))
+        if deadline is None:
+            self.sock.sendall(data)
+            return
+        while data:
+            try:
+                data = data[self.sock.send(data, socket.MSG_DONTWAIT):]
+            except BlockingIOError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([], [self.sock], [], remaining)[1]:
+                    raise WireTimeout("the other process took no bytes by the deadline") from None
+
+    # --- reading -------------------------------------------------------------------------
+    def ready(self, timeout: float | None = None) -> bool:
+        """Is a message (or the end) there to read within timeout seconds (None: wait)?"""
+        if self._whole() is not None:
+            return True
+        if self._poll is None:                      # Windows
+            return bool(select.select([self.sock], [], [], timeout)[0])
+        wait = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        return bool(self._poll.poll(wait))
+
+    def receive(self, deadline: float | None = None):
+        """The next message; EOFError if the other side is gone, WireTimeout at the
+        deadline (monotonic), WireError for bytes that are no message."""
+        while True:
+            end = self._whole()
+            if end is not None:
+                data = bytes(self._in[:end])
+                del self._in[:end]
+                return _parse(memoryview(data))
+            self._fill(deadline)
+
+    def _whole(self) -> int | None:
+        """The end of the first frame buffered, if it is whole (WireError if the bytes
+        buffered cannot begin a frame)."""
+        if len(self._in) < _HEAD.size:
+            if self._in and not MAGIC.startswith(bytes(self._in[:4])):
+                raise WireError(f"bytes that are no message: {bytes(self._in[:60])!r}")
+            return None
+        magic, length, header_size = _HEAD.unpack_from(self._in)
+        if magic != MAGIC:
+            raise WireError(f"bytes that are no message: {bytes(self._in[:60])!r}")
+        if length > MAX_FRAME_BYTES or header_size > length:
+            raise WireError(f"a message of {length} bytes, over the limit of {MAX_FRAME_BYTES}")
+        end = 12 + length
+        return end if len(self._in) >= end else None
+
+    def _fill(self, deadline: float | None) -> None:
+        if not self.ready(None if deadline is None else deadline - time.monotonic()):
+            raise WireTimeout("no message by the deadline")
+        chunk = self.sock.recv(max(_CHUNK, self._missing()))
+        if not chunk:
+            raise EOFError("the other process closed its end")
+        self._in += chunk
+
+    def _missing(self) -> int:
+        if len(self._in) < _HEAD.size:
+            return 0
+        return 12 + _HEAD.unpack_from(self._in)[1] - len(self._in)

@@ -108,8 +108,9 @@ def backend_markdown(data: dict) -> str:
            + (f"; made {data['created']}" if data.get("created") else "") + ".", "",
            "Versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items())
            + (f"; {data['platform']}" if data.get("platform") else "") + ".", "",
-           f"Declared dtypes: {', '.join(b.get('dtypes', [])) or 'none'}.", "",
-           "## Totals", ""]
+           f"Declared dtypes: {', '.join(b.get('dtypes', [])) or 'none'}.", ""]
+    out += _incomplete(data)
+    out += ["## Totals", ""]
     out += _table(("", *_HEADINGS), [("all", *(data["totals"].get(c, 0) for c in _COLUMNS))])
     for key, title in (("by_topic", "topic"), ("by_dtype", "dtype")):
         out += ["", f"## By {title}", ""]
@@ -150,6 +151,17 @@ def backend_markdown(data: dict) -> str:
             first = r["message"].splitlines()[0] if r["message"] else ""
             out.append(f"- `{r['id']}` ({STATUS_LABELS[r['status']]}): {first}")
     return "\n".join(out) + "\n"
+
+
+def _incomplete(data: dict) -> list[str]:
+    """What an incomplete run says first: why, and every test that never ran."""
+    if data.get("complete", True):
+        return []
+    never = data.get("not_run_tests", [])
+    out = ["**This run is incomplete**: " + ("it was interrupted; " if data.get("interrupted")
+                                              else "") + f"{len(never)} selected tests never ran"
+           + (":" if never else "."), ""]
+    return out + [f"- `{test_id}`" for test_id in never] + ([""] if never else [])
 
 
 def load_results(directory: Path) -> list[dict]:

@@ -71,7 +71,7 @@ class ResultLog:
     spec_dir: Path | None = None        # the spec/ folder the cases came from
     selection: dict = field(default_factory=dict)
     interrupted: bool = False           # the run was stopped before its end
-    not_run: int = 0                    # selected tests that never ran
+    not_run: list = field(default_factory=list)     # ids of selected tests that never ran
 
     def add(self, entry: dict) -> None:
         self.records.append(entry)
@@ -124,6 +124,8 @@ class ResultLog:
             "selection": self.selection,
             "complete": not self.interrupted and not self.not_run,
             "interrupted": self.interrupted,
+            "not_run": len(self.not_run),
+            "not_run_tests": sorted(self.not_run),
             "totals": self.counts().get("all", {}),
             "by_topic": self.counts("topic"),
             "by_dtype": self.counts("dtype"),

@@ -108,18 +108,14 @@ def load_expected(path: Path) -> ExpectedFailures:
     return ExpectedFailures(entries)
 
 
-def _module(backend) -> str:
-    """The module of the backend's class (an isolated backend says which, from its process)."""
-    return getattr(backend, "origin_module", None) or type(backend).__module__
-
-
-def expected_for(backend, extra_files=()) -> ExpectedFailures:
+def expected_for(declaration, extra_files=()) -> ExpectedFailures:
+    """The expected failures of a backend (its Declaration): its own file, or the
+    built-in file of its name for a built-in adapter, then the extra files given."""
     files = [Path(f) for f in extra_files]
-    builtin = BUILTIN_DIR / f"{getattr(backend, 'name', '')}.yaml"
-    own = getattr(backend, "expected_failures_file", None)
-    if own:
-        files.insert(0, Path(own))
-    elif builtin.exists() and _module(backend).startswith(backends.__name__ + "."):
+    builtin = BUILTIN_DIR / f"{declaration.name}.yaml"
+    if declaration.expected_failures_file:
+        files.insert(0, Path(declaration.expected_failures_file))
+    elif builtin.exists() and declaration.module.startswith(backends.__name__ + "."):
         files.insert(0, builtin)
     merged = ExpectedFailures()
     for path in files:

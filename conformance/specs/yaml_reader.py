@@ -21,6 +21,8 @@ import re
 import yaml
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
+from ..model.text import printable
+
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _REFUSED_TAG = re.compile(r"could not determine a constructor for the tag '([^']*)'")
@@ -34,12 +36,6 @@ MAX_DEPTH = 32                      # nesting of lists and mappings, the file's 
 MAX_INT_CHARS = 20                  # characters of an integer scalar (2**63 has 19 digits)
 MAX_INT = 2 ** 63 - 1               # and its magnitude
 _ID_LINE = re.compile(r"""^\s*(?:-\s+)?id:\s*['"]?([A-Za-z0-9._-]+)""")
-
-
-def printable(text) -> str:
-    """Spec text made safe for a terminal: control characters (an ANSI escape, a
-    carriage return) shown as escapes, newlines and tabs kept."""
-    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in str(text))
 
 
 class SpecError(Exception):

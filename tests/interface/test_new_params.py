@@ -8,9 +8,10 @@ import functools
 import numpy as np
 import pytest
 
-from attention_conformance.backend.calling import call_backend, unaccepted
+from attention_conformance.backend.calling import invoke, unaccepted
 from attention_conformance.model.errors import Unsupported
-from attention_conformance.process.backend_host import serve_one
+from attention_conformance.process import protocol
+from attention_conformance.process.backend_host import answer
 
 
 class Older:
@@ -51,9 +52,9 @@ def test_an_older_backend_is_unsupported_for_what_it_cannot_take(params, sink):
     arrays = {**ARRAYS, **({"sink": np.zeros(3)} if sink else {})}
     missing = "sink" if sink else "q_lengths"
     with pytest.raises(Unsupported, match=f"the backend's sdpa takes no {missing}"):
-        call_backend(Older(), "sdpa", arrays, params)
-    answer = serve_one(Older(), {"op": "sdpa", "arrays": arrays, "params": params})
-    assert answer == {"unsupported": f"the backend's sdpa takes no {missing}"}
+        invoke(Older(), "sdpa", arrays, params)
+    reply = answer(Older(), protocol.Call(7, "sdpa", arrays, params), lambda: (None, None))
+    assert reply == protocol.Unsupported(7, None, None, f"the backend's sdpa takes no {missing}")
 
 
 def test_a_backend_that_takes_the_params_is_called():
@@ -61,5 +62,5 @@ def test_a_backend_that_takes_the_params_is_called():
     assert unaccepted(TakesAnything().sdpa, ["q_lengths", "sink"]) == []
     assert unaccepted(Wrapped().sdpa, ["q_lengths", "mask"]) == []
     assert unaccepted(Older().sdpa, ["mask", "q_lengths", "window"]) == ["q_lengths"]
-    (out,) = call_backend(TakesAnything(), "sdpa", ARRAYS, params)
+    out = invoke(TakesAnything(), "sdpa", ARRAYS, params)
     assert out is ARRAYS["q"]

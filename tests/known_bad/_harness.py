@@ -12,7 +12,8 @@ from pathlib import Path
 from attention_conformance.golden.store import GoldenStore
 from attention_conformance.backend.resolve import load_backend
 from attention_conformance.model.errors import Unsupported
-from attention_conformance.checking.run import run_case
+from attention_conformance.backend.in_process import InProcess
+from attention_conformance.checking.verdict import run_case
 from attention_conformance.specs.loader import load_spec
 
 from _needs import NEEDS
@@ -48,7 +49,7 @@ def quick_items(spec, first=None):
 def outcome(backend, case, variant, dtype, golden) -> str | None:
     """None if the case passes (or is unsupported), else the failure message."""
     try:
-        run_case(backend, case, variant, dtype, golden)
+        run_case(InProcess(backend), case, variant, dtype, golden)
     except Unsupported:
         return None
     except AssertionError as exc:          # CheckFailure

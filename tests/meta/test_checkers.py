@@ -23,7 +23,8 @@ import pytest
 
 from attention_conformance.checking import expectations as checks
 from attention_conformance.backends.numpy import NumpyBackend
-from attention_conformance.backend.calling import call_checked, cast_inputs, checked_outputs
+from attention_conformance.backend.calling import cast_inputs, checked_outputs
+from attention_conformance.backend.in_process import InProcess
 from attention_conformance.checking.context import Context
 from attention_conformance.model.dtypes import round_to
 from attention_conformance.golden.compute import compute, rounded_inputs
@@ -757,14 +758,15 @@ def context(cases, run: Run) -> Context:
     variant = case.variants[0]
     exact_inputs = rounded_inputs(case, variant, run.dtype)
     arrays = cast_inputs(exact_inputs, run.dtype)
+    backend = InProcess(run.backend)
     if run.own:
-        raw = call_checked(run.backend, case.op, arrays, case.params)
+        raw = backend.call(case.op, arrays, case.params)
         outputs = checked_outputs(case.op, raw, arrays, case.params, run.dtype)
     else:
         with np.errstate(all="ignore"):
             outputs = {name: round_to(gold, run.dtype) for name, (gold, _) in
                        compute(case, variant, run.dtype, store.tolerances, run.policy).items()}
-    ctx = Context(run.backend, case, variant, run.dtype, arrays, exact_inputs, outputs, store,
+    ctx = Context(backend, case, variant, run.dtype, arrays, exact_inputs, outputs, store,
                   store.tolerances)
     if run.tamper:
         ctx.outputs = run.tamper(ctx, {n: np.array(o, copy=True) for n, o in outputs.items()})
@@ -813,8 +815,8 @@ def test_a_wrong_run_really_differs_from_the_right_one(cases):
         same_outputs = right.case.id == wrong.case.id and all(
             np.array_equal(right.outputs[n], wrong.outputs[n], equal_nan=True)
             for n in right.outputs)
-        same_backend = type(right.backend) is type(wrong.backend) and \
-            right.backend.policy == wrong.backend.policy
+        same_backend = type(right.caller.adapter) is type(wrong.caller.adapter) and \
+            right.declaration.policy == wrong.declaration.policy
         assert not (same_outputs and same_backend), f"{name}: the wrong run is the right one"
 
 

@@ -34,7 +34,7 @@ FAULTS = {
                                 BOTH_DTYPES),
     "writes_input.py:WritesInput": (4, 2, "the backend wrote into its input array 'q' "
                                           "(first change at [0, 0]: ", BOTH_DTYPES),
-    "hangs.py:Hangs": (2, 1, "the backend did not return within 0.5 s (--case-timeout)",
+    "hangs.py:Hangs": (2, 1, "the backend did not finish this test's calls within 0.5 s (--case-timeout",
                        ("--dtype", "float64", "--case-timeout", "0.5")),
 }
 

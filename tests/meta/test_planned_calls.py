@@ -16,7 +16,8 @@ from attention_conformance.checking.context import Context
 from attention_conformance.golden.store import GoldenStore
 from attention_conformance.model.ops import OPS
 from attention_conformance.checking.properties import CALLS_BACKEND, PROPERTIES, property_entry
-from attention_conformance.checking.run import _inputs, run_case
+from attention_conformance.backend.in_process import InProcess
+from attention_conformance.checking.verdict import run_case, case_inputs
 from attention_conformance.model.folder import default_folder
 
 from _real_spec import real_spec
@@ -26,6 +27,7 @@ class Recording(NumpyBackend):
     """NumPy, each call's op, inputs and params kept."""
 
     def __init__(self):
+        super().__init__()
         self.calls = []
         for op in OPS:
             if callable(getattr(NumpyBackend, op, None)):
@@ -65,10 +67,10 @@ def golden():
 def test_the_calls_planned_without_outputs_are_the_calls_the_properties_make(case, golden):
     variant, dtype = case.variants[0], case.dtypes[0]
     backend = Recording()
-    run_case(backend, case, variant, dtype, golden)
+    run_case(InProcess(backend), case, variant, dtype, golden)
     made = [_bytes(c) for c in backend.calls[1:]]           # after the test's own first
-    exact_inputs, arrays = _inputs(case, variant, dtype)
-    ctx = Context(backend, case, variant, dtype, arrays, exact_inputs, None, None, None)
+    exact_inputs, arrays = case_inputs(case, variant, dtype)
+    ctx = Context(InProcess(backend), case, variant, dtype, arrays, exact_inputs, None, None, None)
     planned = []
     for op, planned_arrays, params in planned_calls(ctx):
         positional, keywords = call_arguments(op, planned_arrays)
@@ -89,8 +91,8 @@ def test_a_property_that_reads_the_outputs_before_its_call_plans_nothing():
     case = next(c for c in real_spec().cases
                 if "permutation_equivariant" in (c.expect.get("properties") or ()))
     variant, dtype = case.variants[0], case.dtypes[0]
-    exact_inputs, arrays = _inputs(case, variant, dtype)
-    ctx = Context(NumpyBackend(), case, variant, dtype, arrays, exact_inputs, None, None, None)
+    exact_inputs, arrays = case_inputs(case, variant, dtype)
+    ctx = Context(InProcess(NumpyBackend()), case, variant, dtype, arrays, exact_inputs, None, None, None)
     assert planned_calls(ctx)
     original = PROPERTIES["permutation_equivariant"]
 

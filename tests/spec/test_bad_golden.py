@@ -10,7 +10,8 @@ from attention_conformance.golden import compute as golden_compute
 from attention_conformance.golden import freeze as golden_freeze
 from attention_conformance.golden import store as golden_store
 from attention_conformance.model.errors import CheckFailure
-from attention_conformance.checking.run import run_case
+from attention_conformance.backend.in_process import InProcess
+from attention_conformance.checking.verdict import run_case
 from attention_conformance.specs.loader import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def frozen(tmp_path):
 
 
 def run(case, directory):
-    return run_case(NumpyBackend(), case, case.variants[0], "float32",
+    return run_case(InProcess(NumpyBackend()), case, case.variants[0], "float32",
                     golden_store.GoldenStore(directory))
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from _cli_support import TINY, cli, make_spec
 from attention_conformance.backends.numpy import NumpyBackend
-from attention_conformance.checking.run import run_case
+from attention_conformance.backend.in_process import InProcess
+from attention_conformance.checking.verdict import run_case
 from attention_conformance.golden.store import GoldenStore
 from attention_conformance.model.errors import CheckFailure
 from attention_conformance.model.folder import SpecFolder, packaged_spec_dir
@@ -72,10 +73,10 @@ def test_the_folders_tolerances_judge_and_are_printed(folders):
     _, case = _sdpa_case(strict)
     variant = case.variants[0]
     with pytest.raises(CheckFailure, match=r"tolerance [0-9.e-]+ = 4 x max"):
-        run_case(Nudged(), case, variant, "float32", GoldenStore.of(strict))
+        run_case(InProcess(Nudged()), case, variant, "float32", GoldenStore.of(strict))
     _, case = _sdpa_case(loose)
     assert loose.tolerances.multiplier == 1e9
-    result = run_case(Nudged(), case, variant, "float32", GoldenStore.of(loose))
+    result = run_case(InProcess(Nudged()), case, variant, "float32", GoldenStore.of(loose))
     assert 0 < result.worst_ratio < 1       # judged by the folder's own rule
 
 
