@@ -17,7 +17,7 @@ from .model.case import profile_counts
 from .model.dtypes import DTYPES
 from .golden.store import GoldenError
 from .model.ops import OPS
-from .plugin import PROFILES
+from .options import BY_FLAG, FORWARDED, PROFILES, forwarded_argv, passthrough_text, rows
 from .model.folder import SpecFolder
 from .specs.loader import load_spec
 
@@ -173,20 +173,11 @@ def certify_argv(args, passthrough) -> list[str]:
     argv += ["-c", os.devnull, "--rootdir", str(_folder(args).root), "--noconftest",
              "-p", "no:cacheprovider"]
     argv += [str(cases_dir), "--backend", args.backend]
-    if getattr(args, "device", None):
-        argv += ["--device", args.device]
     if args.spec_dir:
         argv += ["--spec-dir", str(cases_dir)]
-    for dtype in args.dtype or ():
-        argv += ["--dtype", dtype]
     if args.keyword:
         argv += ["-k", args.keyword]
-    if args.report:
-        argv += ["--report", args.report]
-    if args.profile:
-        argv += ["--profile", args.profile]
-    for path in args.expected_failures or ():
-        argv += ["--expected-failures", path]
+    argv += forwarded_argv(args)
     return argv + list(passthrough)
 
 
@@ -337,23 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = command("certify", "run the conformance cases on a backend (pytest underneath); "
                 "options not listed here go to pytest (e.g. --junitxml=PATH, -x, -n 2), "
                 "as does everything after --",
-                epilog="BACKEND: numpy | torch | jax | tensorflow | onnxruntime | onnx-reference | "
-                       "paddle | an entry point name | "
-                       "package.module:attr | path/to/file.py:attr")
-    c.add_argument("backend", metavar="BACKEND")
-    c.add_argument("--device", default=None, metavar="DEVICE",
-                   help="build the backend with device=DEVICE (torch: cpu, cuda, cuda:N; "
-                        "jax: cpu, gpu); default: the backend's own (the CPU here)")
-    c.add_argument("--dtype", action="append", choices=DTYPES,
-                   help="run only this dtype (repeatable)")
+                epilog=passthrough_text())
+    c.add_argument("backend", metavar="BACKEND", help=BY_FLAG["--backend"].help)
+    for option in rows(FORWARDED):
+        c.add_argument(option.flag, **option.kwargs(default=False))
     c.add_argument("-k", dest="keyword", default=None,
                    help="pytest -k expression over test ids (topic/case-id[variant-dtype])")
-    c.add_argument("--report", metavar="DIR", default=None,
-                   help="write BACKEND.json and BACKEND.md into DIR")
-    c.add_argument("--profile", choices=PROFILES, default=None,
-                   help="quick (default) skips long-sequence cases; long runs only them")
-    c.add_argument("--expected-failures", action="append", metavar="FILE",
-                   help="an expected-failures file for this backend (repeatable)")
     c.add_argument("--show-command", action="store_true",
                    help="print the pytest command line first")
 

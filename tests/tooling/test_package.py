@@ -20,7 +20,8 @@ INERT_CHECK = textwrap.dedent("""
     def test_the_plugin_loaded_nothing_but_itself():
         assert "attention_conformance.plugin" in sys.modules      # it was loaded ...
         loaded = sorted(m for m in sys.modules if m.startswith("attention_conformance"))
-        assert loaded == ["attention_conformance", "attention_conformance.plugin"], loaded
+        assert loaded == ["attention_conformance", "attention_conformance.options",
+                          "attention_conformance.plugin"], loaded    # and its options' table
         for heavy in ("numpy", "yaml", "jsonschema", "ml_dtypes"):
             assert heavy not in sys.modules, heavy                 # ... and nothing else
 """)
