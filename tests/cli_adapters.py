@@ -44,3 +44,16 @@ class Float32Only(NumpyBackend):
 
     def self_attention(self, *args, **kwargs):
         raise NotImplementedError("partial: no self_attention")
+
+
+class RaisingSoftmax(NumpyBackend):
+    """Its softmax raises from inside a helper: a failure with a traceback."""
+
+    name = "raising-softmax"
+
+    def softmax(self, x, axis=-1):
+        return _kernel(x)
+
+
+def _kernel(x):
+    raise RuntimeError(f"softmax kernel failed on shape {x.shape}")
