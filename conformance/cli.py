@@ -184,6 +184,9 @@ def certify_argv(args, passthrough) -> list[str]:
 def _certify(args, passthrough) -> int:
     import pytest
 
+    from .terminal import default_threads
+
+    default_threads()       # one OpenMP and one OpenBLAS thread, unless the user set them
     argv = certify_argv(args, passthrough)
     if args.show_command:
         print("pytest " + " ".join(argv))

@@ -59,6 +59,7 @@ def _logs_asked(config, known) -> bool:
 def pytest_configure(config):
     config.addinivalue_line("markers", "conformance: a case of the attention spec")
     if config.getoption("backend"):
-        from . import pytest_cases  # the whole runner, only when a run asks for it
+        from . import pytest_cases, terminal  # the whole runner, only when a run asks for it
+        config.pluginmanager.register(terminal, "attention-conformance-terminal")
         config.pluginmanager.register(pytest_cases, "attention-conformance-cases")
         pytest_cases.start(config)

@@ -57,3 +57,18 @@ class RaisingSoftmax(NumpyBackend):
 
 def _kernel(x):
     raise RuntimeError(f"softmax kernel failed on shape {x.shape}")
+
+
+class ThreadsSeen(NumpyBackend):
+    """The NumPy backend that reports, in its versions, the thread variables its process
+    started with."""
+
+    name = "threads-seen"
+
+    def __init__(self):
+        import os
+
+        super().__init__()
+        self.versions = dict(self.versions, **{
+            name: os.environ.get(name, "unset") for name in ("OMP_NUM_THREADS",
+                                                             "OPENBLAS_NUM_THREADS")})
