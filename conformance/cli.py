@@ -1,6 +1,7 @@
 """The command line: attention-conformance (also python -m attention_conformance).
 
-Commands: certify, list, validate, golden check|regenerate, export, report, fuzz.
+Commands: certify, list, validate, golden check|regenerate, export, report, fuzz,
+new-backend.
 docs/cli.md documents each of them.
 """
 
@@ -300,6 +301,25 @@ def _fuzz(args) -> int:
     return 1 if report.failure else 0
 
 
+# --- new-backend -----------------------------------------------------------------------
+
+def _new_backend(args) -> int:
+    from .scaffold import ScaffoldError, placeholders, write
+
+    try:
+        written = write(args.name, Path(args.directory))
+    except ScaffoldError as exc:
+        _err(f"new-backend: {exc}")
+        return 2
+    for path in written:
+        print(path)
+    names = placeholders(args.name)
+    print(f"next: pip install -e {args.directory}, then attention-conformance certify "
+          f"{args.name} (the {names['class']} of {names['package']}/adapter.py; "
+          "docs/adding-a-backend.md)")
+    return 0
+
+
 # --- the parser ------------------------------------------------------------------------
 
 def _filters(p, what="cases"):
@@ -366,6 +386,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", metavar="OUT", default=None,
                    help="write matrix.md and matrix.html here (default DIR)")
 
+    n = command("new-backend", "write an adapter package to start from: a small NumPy "
+                "attention library, its adapter and the entry point that names it "
+                "(docs/adding-a-backend.md)")
+    n.add_argument("name", metavar="NAME", help="the backend's name, e.g. my-kernel "
+                   "(package my_kernel_attention, class MyKernelBackend)")
+    n.add_argument("directory", metavar="DIR", help="a new or empty folder")
+
     f = command("fuzz", "compare a backend with the reference on random cases drawn by "
                 "Hypothesis; print a failure as a YAML case ready to paste into the spec")
     f.add_argument("backend", metavar="BACKEND")
@@ -396,7 +423,7 @@ def main(argv=None) -> int:
     if unknown or after:
         parser.error(f"unrecognized arguments: {' '.join(unknown + after)}")
     handlers = {"validate": _validate, "golden": _golden, "list": _list, "export": _export,
-                "report": _report, "fuzz": _fuzz}
+                "report": _report, "fuzz": _fuzz, "new-backend": _new_backend}
     try:
         return handlers[args.command](args)
     except BrokenPipeError:          # e.g. `attention-conformance list | head`
