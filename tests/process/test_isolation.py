@@ -185,7 +185,7 @@ def test_the_default_limit_of_memory_maps_is_most_of_the_kernels():
     from attention_conformance.process.backend_proxy import MAPS_SHARE, maps_limit
 
     kernel = int(Path("/proc/sys/vm/max_map_count").read_text())
-    assert MAPS_SHARE == 0.8 and maps_limit() == int(kernel * 0.8) > 0    # the README's 80 %
+    assert MAPS_SHARE == 0.8 and maps_limit() == int(kernel * 0.8) > 0    # docs/running.md's 80 %
     backend = IsolatedBackend("numpy")
     try:
         assert backend.restart_above_maps == maps_limit()
@@ -219,7 +219,7 @@ def test_the_maps_are_counted_every_fifth_of_a_second_in_at_most_5_percent_of_th
     cost[0] = 0.0
     now[0] = counter.due - 0.01
     assert counter.count() is None and counter.count(force=True) is not None
-    assert (worker.MAPS_EVERY, worker.MAPS_BUDGET) == (0.2, 0.05)      # the README's
+    assert (worker.MAPS_EVERY, worker.MAPS_BUDGET) == (0.2, 0.05)      # docs/running.md's
 
 
 def test_a_process_that_does_not_grow_serves_every_call():
@@ -227,7 +227,7 @@ def test_a_process_that_does_not_grow_serves_every_call():
     leak are one process, and a leak under the limit does not restart it either."""
     import numpy as np
     options = plugin_defaults()
-    assert options["restart_every"] == 0 and options["restart_above"] == 4096    # the README's
+    assert options["restart_every"] == 0 and options["restart_above"] == 4096    # docs/running.md's
     for reference, calls in (("numpy", 50), (f"{FAULTY / 'leaks.py'}:Leaks", 3)):
         backend = IsolatedBackend(reference, restart_every=options["restart_every"],
                                   restart_above_mib=options["restart_above"])

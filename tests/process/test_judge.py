@@ -71,7 +71,7 @@ def test_a_backend_that_fails_to_load_is_one_clear_error(worked_examples_spec):
 
 
 def test_the_readme_numbers_of_calls_sent_ahead():
-    """The README: up to 4 first calls sent ahead, and up to 2 calls of their properties
+    """docs/running.md: up to 4 first calls sent ahead, and up to 2 calls of their properties
     beyond those, at most 32 KiB of inputs unless one call alone is larger, on sockets
     that hold that and its answers each way."""
     from attention_conformance.process import backend_proxy as isolation, judge_host as judge_process, spawn as launch

@@ -89,7 +89,7 @@ def _tox_settings() -> dict:
 
 
 def test_tox_caches_compiled_modules_outside_the_checkout():
-    """README, "compiled modules": tox's environments compile the editable package once,
+    """docs/running.md, "compiled modules": tox's environments compile the editable package once,
     into .tox, rather than in every process (PYTHONDONTWRITEBYTECODE) or into the tree."""
     settings = _tox_settings()
     assert settings.get("PYTHONPYCACHEPREFIX") == "{work_dir}{/}pycache", settings
@@ -97,7 +97,7 @@ def test_tox_caches_compiled_modules_outside_the_checkout():
 
 
 def test_numpy_gets_one_openblas_thread_unless_the_caller_says_otherwise():
-    """README, "one OpenBLAS thread": every tox environment defaults it to 1 and keeps the
+    """docs/running.md, "one OpenBLAS thread": every tox environment defaults it to 1 and keeps the
     caller's; so do the suite's own tests, for every process they start (tests/conftest.py)."""
     assert _tox_settings().get("OPENBLAS_NUM_THREADS") == "{env:OPENBLAS_NUM_THREADS:1}"
     assert os.environ.get("OPENBLAS_NUM_THREADS"), "tests/conftest.py sets it"
