@@ -56,8 +56,8 @@ def policies_table(link: str) -> str:
     for name, declared in declarations().items():
         per_op = "; ".join(f"{op}: " + ", ".join(f"{k}={v}" for k, v in sorted(c.items()))
                            for op, c in sorted(declared["op_policy"].items()))
-        count = len(_findings(load_expected(files[name]).entries)) if name in files else 0
-        findings = f"[{count}]({link}#{name})" if count else "none"
+        count = len(_findings(load_expected(files[name]).entries)) if name in files else None
+        findings = f"[{count}]({link}#{name})" if count else "none" if count == 0 else "no file"
         rows.append("| " + " | ".join(
             [name + (f" (per op: {per_op})" if per_op else ""),
              "yes" if name in envs else "no",
