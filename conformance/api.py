@@ -58,14 +58,33 @@ def load_case(case_id: str, *, spec_dir=None) -> "GoldenCase":
     return GoldenCase(by_id[case_id], GoldenStore.of(folder))
 
 
-def _policy_key(policy):
-    """None, ('name', 'choice') or 'name=choice' -> None or ('name', 'choice')."""
+def _policy_key(policy, known: list):
+    """The golden entry a policy picks among a case's known ones: None (the plain golden)
+    or ('name', 'choice'). policy: None, 'name=choice', ('name', 'choice'), or a dict of
+    declared choices, such as a backend's whole `policy` (its choice of each policy that
+    the case depends on picks the branch)."""
+    if isinstance(policy, dict):
+        chosen = [p for p in known if p and policy.get(p[0]) == p[1]]
+        return chosen[0] if chosen else None
     if policy is None or isinstance(policy, tuple):
         return policy
     name, sep, choice = str(policy).partition("=")
     if not sep:
-        raise ValueError(f"policy {policy!r}: write it as NAME=CHOICE, e.g. fully_masked_rows=zeros")
+        raise ValueError(f"policy {policy!r}: write it as NAME=CHOICE, e.g. fully_masked_rows=zeros,"
+                         " or as a dict, e.g. {'fully_masked_rows': 'zeros'}")
     return (name, choice)
+
+
+def _no_branch(case_id, policy, known) -> str:
+    """Why a case has no golden output for this policy, and what to pass instead."""
+    names = sorted({p[0] for p in known if p})
+    choices = ", ".join(f"{p[0]}={p[1]}" if p else "None" for p in known)
+    unnamed = policy is None or isinstance(policy, dict) and not set(names) & set(policy)
+    if names and unnamed:
+        example = ", ".join(f"{n!r}: CHOICE" for n in names)
+        return (f"case {case_id!r} depends on the declared policy {' and '.join(names)}: pass "
+                f"policy={{{example}}} (or 'NAME=CHOICE'); its golden outputs are for {choices}")
+    return f"case {case_id!r} has no golden output for policy {policy!r}; it has: {choices}"
 
 
 @dataclass(frozen=True)
@@ -171,22 +190,22 @@ class GoldenCase:
         return args, {**arrays, **self.params}
 
     def _golden(self, dtype, variant, policy, accumulation="input"):
-        policy = _policy_key(policy)
         known = list(golden_entries(self.case))
         if not known:
             raise LookupError(f"case {self.id!r} has no golden output; its expectations are "
                               f"{sorted(self.case.expect)}")
-        if policy not in known:
-            choices = [f"{p[0]}={p[1]}" if p else "None" for p in known]
-            raise LookupError(f"case {self.id!r} has no golden output for policy "
-                              f"{policy!r}; it has: {', '.join(choices)}")
-        return self.store.get(self.case, self._variant(variant), self._dtype(dtype), policy,
+        key = _policy_key(policy, known)
+        if key not in known:
+            raise LookupError(_no_branch(self.id, policy, known))
+        return self.store.get(self.case, self._variant(variant), self._dtype(dtype), key,
                               accumulation)
 
     def expected(self, dtype: str = "float64", variant=None, policy=None) -> dict[str, np.ndarray]:
         """output name -> the float64 reference output for the inputs of this dtype.
 
-        policy: for a case whose outcome is a declared choice, 'NAME=CHOICE'."""
+        policy: for a case whose outcome is a declared choice, that choice: a dict such as
+        {"fully_masked_rows": "zeros"} (a backend's whole `policy` will do) or
+        "fully_masked_rows=zeros"."""
         return {n: np.array(g) for n, (g, _) in self._golden(dtype, variant, policy).items()}
 
     def tolerance(self, dtype: str = "float64", variant=None, policy=None,

@@ -1,6 +1,7 @@
 """The command line: attention-conformance (also python -m attention_conformance).
 
-Commands: certify, list, validate, golden check|regenerate, export, report, fuzz.
+Commands: certify, list, validate, golden check|regenerate, export, report, fuzz,
+new-backend.
 docs/cli.md documents each of them.
 """
 
@@ -17,7 +18,7 @@ from .model.case import profile_counts
 from .model.dtypes import DTYPES
 from .golden.store import GoldenError
 from .model.ops import OPS
-from .plugin import PROFILES
+from .options import BY_FLAG, FORWARDED, PROFILES, forwarded_argv, passthrough_text, rows
 from .model.folder import SpecFolder
 from .specs.loader import load_spec
 
@@ -173,26 +174,20 @@ def certify_argv(args, passthrough) -> list[str]:
     argv += ["-c", os.devnull, "--rootdir", str(_folder(args).root), "--noconftest",
              "-p", "no:cacheprovider"]
     argv += [str(cases_dir), "--backend", args.backend]
-    if getattr(args, "device", None):
-        argv += ["--device", args.device]
     if args.spec_dir:
         argv += ["--spec-dir", str(cases_dir)]
-    for dtype in args.dtype or ():
-        argv += ["--dtype", dtype]
     if args.keyword:
         argv += ["-k", args.keyword]
-    if args.report:
-        argv += ["--report", args.report]
-    if args.profile:
-        argv += ["--profile", args.profile]
-    for path in args.expected_failures or ():
-        argv += ["--expected-failures", path]
+    argv += forwarded_argv(args)
     return argv + list(passthrough)
 
 
 def _certify(args, passthrough) -> int:
     import pytest
 
+    from .terminal import default_threads
+
+    default_threads()       # one OpenMP and one OpenBLAS thread, unless the user set them
     argv = certify_argv(args, passthrough)
     if args.show_command:
         print("pytest " + " ".join(argv))
@@ -306,6 +301,25 @@ def _fuzz(args) -> int:
     return 1 if report.failure else 0
 
 
+# --- new-backend -----------------------------------------------------------------------
+
+def _new_backend(args) -> int:
+    from .scaffold import ScaffoldError, placeholders, write
+
+    try:
+        written = write(args.name, Path(args.directory))
+    except ScaffoldError as exc:
+        _err(f"new-backend: {exc}")
+        return 2
+    for path in written:
+        print(path)
+    names = placeholders(args.name)
+    print(f"next: pip install -e {args.directory}, then attention-conformance certify "
+          f"{args.name} (the {names['class']} of {names['package']}/adapter.py; "
+          "docs/adding-a-backend.md)")
+    return 0
+
+
 # --- the parser ------------------------------------------------------------------------
 
 def _filters(p, what="cases"):
@@ -337,23 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = command("certify", "run the conformance cases on a backend (pytest underneath); "
                 "options not listed here go to pytest (e.g. --junitxml=PATH, -x, -n 2), "
                 "as does everything after --",
-                epilog="BACKEND: numpy | torch | jax | tensorflow | onnxruntime | onnx-reference | "
-                       "paddle | an entry point name | "
-                       "package.module:attr | path/to/file.py:attr")
-    c.add_argument("backend", metavar="BACKEND")
-    c.add_argument("--device", default=None, metavar="DEVICE",
-                   help="build the backend with device=DEVICE (torch: cpu, cuda, cuda:N; "
-                        "jax: cpu, gpu); default: the backend's own (the CPU here)")
-    c.add_argument("--dtype", action="append", choices=DTYPES,
-                   help="run only this dtype (repeatable)")
+                epilog=passthrough_text())
+    c.add_argument("backend", metavar="BACKEND", help=BY_FLAG["--backend"].help)
+    for option in rows(FORWARDED):
+        c.add_argument(option.flag, **option.kwargs(default=False))
     c.add_argument("-k", dest="keyword", default=None,
                    help="pytest -k expression over test ids (topic/case-id[variant-dtype])")
-    c.add_argument("--report", metavar="DIR", default=None,
-                   help="write BACKEND.json and BACKEND.md into DIR")
-    c.add_argument("--profile", choices=PROFILES, default=None,
-                   help="quick (default) skips long-sequence cases; long runs only them")
-    c.add_argument("--expected-failures", action="append", metavar="FILE",
-                   help="an expected-failures file for this backend (repeatable)")
     c.add_argument("--show-command", action="store_true",
                    help="print the pytest command line first")
 
@@ -382,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("directory", metavar="DIR")
     r.add_argument("--output", metavar="OUT", default=None,
                    help="write matrix.md and matrix.html here (default DIR)")
+
+    n = command("new-backend", "write an adapter package to start from: a small NumPy "
+                "attention library, its adapter and the entry point that names it "
+                "(docs/adding-a-backend.md)")
+    n.add_argument("name", metavar="NAME", help="the backend's name, e.g. my-kernel "
+                   "(package my_kernel_attention, class MyKernelBackend)")
+    n.add_argument("directory", metavar="DIR", help="a new or empty folder")
 
     f = command("fuzz", "compare a backend with the reference on random cases drawn by "
                 "Hypothesis; print a failure as a YAML case ready to paste into the spec")
@@ -413,7 +423,7 @@ def main(argv=None) -> int:
     if unknown or after:
         parser.error(f"unrecognized arguments: {' '.join(unknown + after)}")
     handlers = {"validate": _validate, "golden": _golden, "list": _list, "export": _export,
-                "report": _report, "fuzz": _fuzz}
+                "report": _report, "fuzz": _fuzz, "new-backend": _new_backend}
     try:
         return handlers[args.command](args)
     except BrokenPipeError:          # e.g. `attention-conformance list | head`

@@ -1,68 +1,24 @@
 """The pytest plugin (entry point pytest11): inert until --backend is given.
 
 pytest loads it in every run of every project installed beside this package, so it
-imports nothing but pytest and only registers its options. With --backend, it hands the
+imports nothing but pytest and the table of its options (options.py), and only registers
+those. With --backend, it hands the
 run to pytest_cases.py, which loads the backend and the spec and turns every case x
 variant x dtype into a test item. Test ids read ``topic/case-id[variant-dtype]``.
 """
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-PROFILES = ("quick", "long", "all")
-#: a backend's process that has grown by this many MiB since its load is replaced: a
-#: leak, not a case (a quick case needs tens of MiB); a restart costs a framework's import
-RESTART_ABOVE_MIB = 4096.0
-
-
-def _not_negative(kind):
-    """An option's type: a number of that kind, 0 or more (0 turns the option off)."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            what = "a whole number" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-        if not value >= 0:                  # NaN included
-            raise argparse.ArgumentTypeError(f"must be 0 (off) or more, not {text}")
-        return value
-    parse.__name__ = kind.__name__
-    return parse
+from .options import OPTIONS
 
 
 def pytest_addoption(parser):
+    """The run's options: one row each in options.py, which certify reads too."""
     group = parser.getgroup("attention-conformance")
-    group.addoption("--backend", help="backend to certify: numpy | torch | jax | tensorflow |"
-                    " onnxruntime | onnx-reference | paddle | an entry point name |"
-                    " package.module:attr | path/file.py:attr")
-    group.addoption("--device", default=None,
-                    help="build the backend with device=DEVICE (torch: cpu, cuda, cuda:N; "
-                    "jax: cpu, gpu); default: the backend's own (the CPU for the built-in "
-                    "ones); a device the machine lacks is a load error, never the CPU")
-    group.addoption("--spec-dir", default=None, help="case files to run (default: the spec"
-                    " the package carries, or $ATTENTION_CONFORMANCE_SPEC/cases)")
-    group.addoption("--profile", choices=PROFILES, default="quick",
-                    help="quick (default) skips the long-sequence cases; long runs only them")
-    group.addoption("--dtype", action="append", default=None,
-                    help="run only these dtypes (repeatable)")
-    group.addoption("--expected-failures", action="append", default=[],
-                    help="extra expected-failures file for this backend (repeatable)")
-    group.addoption("--case-timeout", type=_not_negative(float), default=120.0,
-                    help="seconds before a case is failed as hung (0: no limit)")
-    group.addoption("--in-process", action="store_true", default=False,
-                    help="run the backend in the runner's own process (for debugging: not"
-                    " isolated, so a crash ends the run and the backend can reach the checks)")
-    group.addoption("--restart-above", type=_not_negative(float), default=RESTART_ABOVE_MIB, metavar="MIB",
-                    help="start a fresh backend process once its memory has grown by MIB"
-                    " since it loaded (default %(default)g; 0: never for that)")
-    group.addoption("--restart-every", type=_not_negative(int), default=0, metavar="N",
-                    help="also start a fresh backend process every N calls (default 0:"
-                    " only for memory, a crash or a timeout)")
-    group.addoption("--report", default=None, metavar="DIR",
-                    help="write this backend's results (JSON and Markdown) into DIR")
+    for option in OPTIONS:
+        group.addoption(option.flag, **option.kwargs())
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -122,6 +78,7 @@ def _logs_asked(config, known) -> bool:
 def pytest_configure(config):
     config.addinivalue_line("markers", "conformance: a case of the attention spec")
     if config.getoption("backend"):
-        from . import pytest_cases  # the whole runner, only when a run asks for it
+        from . import pytest_cases, terminal  # the whole runner, only when a run asks for it
+        config.pluginmanager.register(terminal, "attention-conformance-terminal")
         config.pluginmanager.register(pytest_cases, "attention-conformance-cases")
         pytest_cases.start(config, early=config.__dict__.pop(EARLY_ATTR, None))

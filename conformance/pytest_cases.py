@@ -259,31 +259,31 @@ class CaseItem(pytest.Item):
             self._record("unsupported", message, seconds)
             pytest.skip(f"unsupported: {message}")
         elif status == "crash":             # never an expected failure
-            self._record("crash", message, seconds)
+            self._record("crash", message, seconds, traceback=verdict["cause"])
             raise CheckFailure(message)
         elif status in ("fail", "timeout"):
-            self._failed(message, seconds, status)
+            self._failed(message, seconds, status, verdict["cause"])
             failure = CaseTimeout(message) if status == "timeout" else CheckFailure(message)
             failure.cause = verdict["cause"]
             raise failure
         else:                               # the suite's own error: never the backend's
-            self._record("fail", message, seconds)
+            self._record("fail", message, seconds, traceback=verdict["cause"])
             raise SuiteError(message + ("\n" + verdict["cause"] if verdict["cause"] else ""))
 
-    def _failed(self, message, seconds, status="fail"):
+    def _failed(self, message, seconds, status="fail", traceback=""):
         """Record a failure; one an expected-failure entry names by its message is xfail."""
         entry = _declared(self.config).expected.find_by_message(
             self.test_id, self.case.op, self.dtype, message)
         if entry is not None:
             self.expected_reason = entry.reason
-        self._record(status, message, seconds)
+        self._record(status, message, seconds, traceback=traceback)
         if entry is not None:
             pytest.xfail(f"{entry.reason} [{message.splitlines()[0][:200]}]")
 
-    def _record(self, status, message, seconds, ratio=0.0):
+    def _record(self, status, message, seconds, ratio=0.0, traceback=""):
         """Kept on the item; pytest_runtest_makereport puts it on the test report, so
         that it reaches the results log in the main process, with or without xdist."""
-        self.conformance_record = record_for(self, status, message, seconds, ratio)
+        self.conformance_record = record_for(self, status, message, seconds, ratio, traceback)
         if getattr(self, "replaced", ""):
             self.conformance_record["replaced"] = self.replaced
 
@@ -440,7 +440,8 @@ def _error_record(report) -> dict:
     text = str(report.longrepr or "")
     return {"id": f"{topic}/{name}", "topic": topic, "case": case, "variant": variant,
             "dtype": dtype, "status": "error", "message": text.strip()[-2000:],
-            "seconds": round(getattr(report, "duration", 0.0), 6), "error_over_tolerance": 0.0}
+            "seconds": round(getattr(report, "duration", 0.0), 6), "error_over_tolerance": 0.0,
+            "traceback": ""}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

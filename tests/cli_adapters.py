@@ -44,3 +44,31 @@ class Float32Only(NumpyBackend):
 
     def self_attention(self, *args, **kwargs):
         raise NotImplementedError("partial: no self_attention")
+
+
+class RaisingSoftmax(NumpyBackend):
+    """Its softmax raises from inside a helper: a failure with a traceback."""
+
+    name = "raising-softmax"
+
+    def softmax(self, x, axis=-1):
+        return _kernel(x)
+
+
+def _kernel(x):
+    raise RuntimeError(f"softmax kernel failed on shape {x.shape}")
+
+
+class ThreadsSeen(NumpyBackend):
+    """The NumPy backend that reports, in its versions, the thread variables its process
+    started with."""
+
+    name = "threads-seen"
+
+    def __init__(self):
+        import os
+
+        super().__init__()
+        self.versions = dict(self.versions, **{
+            name: os.environ.get(name, "unset") for name in ("OMP_NUM_THREADS",
+                                                             "OPENBLAS_NUM_THREADS")})

@@ -10,6 +10,7 @@ that ran passed. Unsupported tests never colour a cell; the text says how many."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ..model.policies import POLICIES, POLICY_MEANING
@@ -144,12 +145,7 @@ def backend_markdown(data: dict) -> str:
         out += ["", "## Unsupported", ""]
         for reason, ids in sorted(unsupported.items(), key=lambda kv: -len(kv[1])):
             out.append(f"- {len(ids)} tests: {reason} (first: `{ids[0]}`)")
-    failures = [r for r in data["results"] if r["status"] in ("fail", "xpass", "xfail")]
-    if failures:
-        out += ["", "## Failures and expected failures", ""]
-        for r in failures:
-            first = r["message"].splitlines()[0] if r["message"] else ""
-            out.append(f"- `{r['id']}` ({STATUS_LABELS[r['status']]}): {first}")
+    out += _failures(data["results"])
     return "\n".join(out) + "\n"
 
 
@@ -162,6 +158,27 @@ def _incomplete(data: dict) -> list[str]:
                                               else "") + f"{len(never)} selected tests never ran"
            + (":" if never else "."), ""]
     return out + [f"- `{test_id}`" for test_id in never] + ([""] if never else [])
+
+
+def _failures(results: list[dict]) -> list[str]:
+    """Each failing test with every line of its message and its traceback (what -q
+    leaves out of the terminal), then each expected failure with its reason."""
+    out = []
+    failing = [r for r in results if r["status"] in FAILING]
+    if failing:
+        out += ["", "## Failures"]
+        for r in failing:
+            text = "\n".join(part.rstrip() for part in (r["message"], r.get("traceback", ""))
+                             if part and part.strip())
+            fence = "`" * max(3, 1 + max(map(len, re.findall("`+", text)), default=0))
+            out += ["", f"### `{r['id']}` ({STATUS_LABELS[r['status']]})", "",
+                    f"{fence}text", text or "(no message)", fence]
+    expected = [r for r in results if r["status"] == "xfail"]
+    if expected:
+        out += ["", "## Expected failures", ""]
+        out += [f"- `{r['id']}` (expected failure): {_first_line(r['message'])}"
+                for r in expected]
+    return out
 
 
 def load_results(directory: Path) -> list[dict]:

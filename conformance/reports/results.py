@@ -50,8 +50,9 @@ def spec_hash(spec_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def record_for(item, status, message, seconds, ratio=0.0) -> dict:
-    """One test's entry of a report (plain data, so that it survives pytest-xdist)."""
+def record_for(item, status, message, seconds, ratio=0.0, traceback="") -> dict:
+    """One test's entry of a report (plain data, so that it survives pytest-xdist);
+    traceback: the frames behind a failure, kept whole (the message keeps every line too)."""
     expected = getattr(item, "expected_reason", None)
     if expected is not None:
         status = {"fail": "xfail", "pass": "xpass"}.get(status, status)
@@ -60,6 +61,7 @@ def record_for(item, status, message, seconds, ratio=0.0) -> dict:
         "variant": item.variant.label, "dtype": item.dtype, "status": status,
         "message": message if status != "xfail" else f"{expected}\n{message}",
         "seconds": round(seconds, 6), "error_over_tolerance": float(ratio),
+        "traceback": traceback,
     }
 
 

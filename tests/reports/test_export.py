@@ -76,6 +76,24 @@ def test_variants_arguments_and_policies(tiny):
     assert np.isnan(empty.expected("float64", policy="fully_masked_rows=nan")["out"][1]).all()
 
 
+
+def test_a_policy_is_a_dict_of_declared_choices(tiny):
+    """policy= takes a dict (a backend's whole declaration picks the branch); without one,
+    a policy-dependent case says which policy to give, and how."""
+    empty = load_case("tiny-empty-row", spec_dir=tiny)
+    declared = NumpyBackend().policy                    # fully_masked_rows: zeros, and more
+    zeros = empty.expected("float64", policy=declared)["out"]
+    assert (zeros[1] == 0).all()
+    assert empty.tolerance("float64", policy={"fully_masked_rows": "nan"}) == \
+        empty.tolerance("float64", policy="fully_masked_rows=nan")
+    empty.check(NumpyBackend().sdpa(*empty.arguments("float64")[0], **empty.arguments(
+        "float64")[1]), "float64", policy=declared)
+    for missing in (None, {"masked_key_nan": "ignored"}):
+        with pytest.raises(LookupError) as raised:
+            empty.expected("float64", policy=missing)
+        assert "depends on the declared policy fully_masked_rows: pass " \
+               "policy={'fully_masked_rows': CHOICE}" in str(raised.value)
+
 # --- exported files -------------------------------------------------------------------
 
 def _npz_groups(path, only=None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -94,6 +95,30 @@ def test_expected_failures_and_stale_entries(reports):
     assert "`tiny/tiny-softmax[float64]` (unexpected pass)" in md
     assert "(expected failure): the default scale is 1/d_k" in md
 
+
+
+@pytest.mark.parametrize("backend, options", [
+    ("WrongDefaultScale", ()), ("RaisingSoftmax", ()), ("RaisingSoftmax", ("--in-process",))])
+def test_the_report_holds_every_line_the_terminal_leaves_out(backend, options, tmp_path):
+    """At -q a failure prints its first line and "(N more lines in the report ...)": the
+    Markdown report holds those N + 1 lines, the JSON the message and the traceback
+    (isolated, the backend's traceback is in the message; in-process, in `traceback`)."""
+    cases = make_spec(tmp_path)
+    run = cli("--spec-dir", cases, "certify", adapter(backend), "--report", tmp_path / "r",
+              "-q", "-p", "no:cacheprovider", "-k", "default-scale or softmax",
+              "--dtype", "float32", *options)
+    assert run.returncode == 1, run.stdout + run.stderr
+    more = re.search(r"\((\d+) more lines in the report", run.stdout)
+    data = json.loads(next((tmp_path / "r").glob("*.json")).read_text())
+    failure = next(r for r in data["results"] if r["status"] == "fail")
+    lines = (failure["message"].rstrip() + "\n" + failure["traceback"]).strip().splitlines()
+    assert len(lines) == (int(more.group(1)) if more else 0) + 1, (more, lines)
+    md = next((tmp_path / "r").glob("*.md")).read_text()
+    block = md.split(f"### `{failure['id']}` (fail)\n\n```text\n")[1].split("\n```")[0]
+    assert block.splitlines() == lines
+    if backend == "RaisingSoftmax":
+        assert more and "in _kernel" in block
+        assert ("in _kernel" in failure["traceback"]) == ("--in-process" in options)
 
 def test_markdown_report_sections(reports):
     _, out, _ = reports

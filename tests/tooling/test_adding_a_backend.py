@@ -1,6 +1,7 @@
-"""docs/adding-a-backend.md, followed as a backend author would: the example adapter is
-certified by path, then installed into a throwaway environment and certified by its
-entry point name. The guide's files are the example's files, and its commands exist."""
+"""docs/adding-a-backend.md, followed as a backend author would: `new-backend` writes the
+adapter package, which is certified by path, then installed into a throwaway
+environment and certified by its entry point name. The guide's files are the files it
+writes (and the repository's example), and its commands exist."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import importlib.util
 import json
 import re
 import shlex
-import shutil
 import site
 import subprocess
 import sys
@@ -26,6 +26,39 @@ EXAMPLE = ROOT / "examples" / "toy_backend"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return make_spec(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    """Step 1: attention-conformance new-backend toy toy_backend, in a folder of the user's."""
+    home = tmp_path_factory.mktemp("user")
+    written = cli("new-backend", "toy", "toy_backend", cwd=home)
+    assert written.returncode == 0, written.stdout + written.stderr
+    return home / "toy_backend"
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): p.read_text() for p in sorted(folder.rglob("*"))
+            if p.is_file() and "egg-info" not in str(p) and "__pycache__" not in str(p)}
+
+
+def test_new_backend_writes_the_example(package):
+    """The package new-backend writes from its templates is examples/toy_backend."""
+    assert _files(package) == _files(EXAMPLE)
+    assert set(_files(package)) == {"pyproject.toml", "src/toy_attention/__init__.py",
+                                    "src/toy_attention/adapter.py"}
+
+
+def test_new_backend_names_the_package_after_the_backend(tmp_path):
+    assert cli("new-backend", "my-kernel", tmp_path / "k").returncode == 0
+    adapter = (tmp_path / "k" / "src" / "my_kernel_attention" / "adapter.py").read_text()
+    assert 'class MyKernelBackend:\n    name = "my-kernel"' in adapter
+    assert 'my-kernel = "my_kernel_attention.adapter:MyKernelBackend"' in \
+        (tmp_path / "k" / "pyproject.toml").read_text()
+    for refused in (("my-kernel", tmp_path / "k"), ("MyKernel", tmp_path / "new")):
+        result = cli("new-backend", *refused)
+        assert result.returncode == 2 and "new-backend:" in result.stderr, refused
+    assert not (tmp_path / "new").exists()
 
 
 def test_the_guide_shows_the_example_files_as_they_are():
@@ -50,7 +83,7 @@ def test_the_guide_commands_exist():
                 words = words[1:]
             if words[:1] == ["attention-conformance"]:
                 commands.append(words[1:])
-    assert {c[0] for c in commands} == {"certify", "fuzz"}
+    assert {c[0] for c in commands} == {"new-backend", "certify", "fuzz"}
     for command in commands:
         args, unknown = parser.parse_known_args(command)
         assert not unknown, command
@@ -60,11 +93,11 @@ def _report(directory: Path) -> dict:
     return json.loads((directory / "toy.json").read_text())
 
 
-def test_certify_the_example_by_path(tiny, tmp_path):
+def test_certify_the_package_by_path(tiny, package, tmp_path):
     """Step 3 of the guide: PYTHONPATH=src attention-conformance certify
     src/toy_attention/adapter.py:ToyBackend (here on the suite's small test spec)."""
     result = cli("--spec-dir", tiny, "certify", "src/toy_attention/adapter.py:ToyBackend",
-                 "--report", tmp_path, "-q", cwd=EXAMPLE, env={"PYTHONPATH": "src"})
+                 "--report", tmp_path, "-q", cwd=package, env={"PYTHONPATH": "src"})
     assert result.returncode == 0, result.stdout + result.stderr
     data = _report(tmp_path)
     # float64 and float32 of softmax, sdpa (2 shapes), weights, the empty row: pass;
@@ -92,15 +125,12 @@ def _throwaway_env(path: Path) -> Path:
     return python
 
 
-def test_install_the_example_and_certify_it_by_entry_point(tiny, tmp_path):
+def test_install_the_package_and_certify_it_by_entry_point(tiny, package, tmp_path):
     """Step 4: pip install the package; `attention-conformance certify toy` finds it by
     its entry point (group attention_conformance.backends)."""
     for needed in ("pip", "setuptools"):       # looked up, not imported (setuptools
         if importlib.util.find_spec(needed) is None:   # patches distutils on import)
             pytest.skip(f"{needed} is not installed: the example cannot be installed")
-    package = tmp_path / "toy_backend"
-    shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns(
-        "*.egg-info", "build", "__pycache__"))
     python = _throwaway_env(tmp_path / "env")
     install = subprocess.run(
         [str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation",

@@ -21,7 +21,8 @@ def tiny(tmp_path_factory):
 def test_help_lists_every_command(capsys):
     result = run(capsys, "--help")
     assert result.returncode == 0
-    for command in ("certify", "list", "validate", "golden", "export", "report", "fuzz"):
+    for command in ("certify", "list", "validate", "golden", "export", "report", "fuzz",
+                    "new-backend"):
         assert command in result.stdout
 
 
@@ -150,7 +151,8 @@ def test_every_documented_command_exists():
             args, unknown = parser.parse_known_args(command)
             passthrough = args.command == "certify"     # certify hands the rest to pytest
             assert passthrough or not unknown, f"{doc.name}: {command}: unknown {unknown}"
-    assert {"list", "certify", "report", "export", "fuzz", "validate", "golden"} <= used
+    assert {"list", "certify", "report", "export", "fuzz", "validate", "golden",
+            "new-backend"} <= used
 
 
 def test_the_readme_shows_the_installed_path_first():

@@ -20,7 +20,8 @@ INERT_CHECK = textwrap.dedent("""
     def test_the_plugin_loaded_nothing_but_itself():
         assert "attention_conformance.plugin" in sys.modules      # it was loaded ...
         loaded = sorted(m for m in sys.modules if m.startswith("attention_conformance"))
-        assert loaded == ["attention_conformance", "attention_conformance.plugin"], loaded
+        assert loaded == ["attention_conformance", "attention_conformance.options",
+                          "attention_conformance.plugin"], loaded    # and its options' table
         for heavy in ("numpy", "yaml", "jsonschema", "ml_dtypes"):
             assert heavy not in sys.modules, heavy                 # ... and nothing else
 """)
@@ -88,7 +89,7 @@ def _tox_settings() -> dict:
 
 
 def test_tox_caches_compiled_modules_outside_the_checkout():
-    """README, "compiled modules": tox's environments compile the editable package once,
+    """docs/running.md, "compiled modules": tox's environments compile the editable package once,
     into .tox, rather than in every process (PYTHONDONTWRITEBYTECODE) or into the tree."""
     settings = _tox_settings()
     assert settings.get("PYTHONPYCACHEPREFIX") == "{work_dir}{/}pycache", settings
@@ -96,7 +97,7 @@ def test_tox_caches_compiled_modules_outside_the_checkout():
 
 
 def test_numpy_gets_one_openblas_thread_unless_the_caller_says_otherwise():
-    """README, "one OpenBLAS thread": every tox environment defaults it to 1 and keeps the
+    """docs/running.md, "one OpenBLAS thread": every tox environment defaults it to 1 and keeps the
     caller's; so do the suite's own tests, for every process they start (tests/conftest.py)."""
     assert _tox_settings().get("OPENBLAS_NUM_THREADS") == "{env:OPENBLAS_NUM_THREADS:1}"
     assert os.environ.get("OPENBLAS_NUM_THREADS"), "tests/conftest.py sets it"

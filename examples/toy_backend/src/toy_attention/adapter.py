@@ -1,7 +1,7 @@
 """The attention-conformance adapter of toy_attention.
 
 It imports nothing from attention-conformance: the interface is structural (see the
-suite's docs/interface.md). What the toy library lacks raises NotImplementedError, which
+suite's docs/interface.md). What the library lacks raises NotImplementedError, which
 the suite reports as *unsupported*, never as a failure.
 """
 
