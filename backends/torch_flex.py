@@ -8,8 +8,9 @@ them and calls nothing else:
 
 - ``score_mod``: softcap ``c * tanh(s / c)``, then ``+ bias[b, h, q_idx, kv_idx]`` (the
   spec's order: scale, softcap, bias, mask; flex applies ``scale`` before score_mod);
-- ``mask_mod``: causal (top-left or bottom-right: ``kv_idx <= q_idx + offset``), the
-  window's two sides, and the boolean mask ``mask[b, h, q_idx, kv_idx]``, and-ed;
+- ``mask_mod``: the keys causal and window allow (``rules.allowed``, a (Lq, Lk) tensor
+  indexed at ``[q_idx, kv_idx]``) and the boolean mask ``mask[b, h, q_idx, kv_idx]``,
+  and-ed;
 - grouped-query through ``enable_gqa=True``; Dv != Dk is native.
 
 Inputs are brought to flex's (B, H, L, D) layout (rank 2 and 3 get leading 1s, batch
