@@ -42,7 +42,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from . import _lengths
+from . import rules
 
 ELEM = {
     "float64": TensorProto.DOUBLE,
@@ -52,7 +52,6 @@ ELEM = {
 }
 NP = {"float64": np.float64, "float32": np.float32, "float16": np.float16,
       "bfloat16": ml_dtypes.bfloat16}
-CAUSAL = (None, "top_left", "bottom_right")
 OPS = ("softmax", "scores", "attention_weights", "sdpa", "self_attention",
        "multi_head_attention", "sdpa_vjp")
 
@@ -69,12 +68,12 @@ def dtype_name(a) -> str:
 # --------------------------------------------------------------------------- models
 
 
-
 def _no_sink(sink, name):
     """Attention sinks: the framework has no native form, and this adapter composes none."""
     if sink is not None:
         raise NotImplementedError(f"{name}: no attention sink (a per-head logit in the"
                                   " softmax denominator) in the framework's attention op")
+
 
 class Model:
     """A graph being built: inputs with fixed shapes, nodes, outputs, feeds."""
@@ -114,72 +113,8 @@ class Model:
         return model
 
 
-def _open(side) -> bool:
-    return side is None or side < 0
-
-
-def structural(lq: int, lk: int, causal, window) -> np.ndarray | None:
-    """Bool (Lq, Lk): keys that causal and window allow, or None if neither is set."""
-    if causal not in CAUSAL:
-        raise ValueError(f"causal must be one of {CAUSAL}, got {causal!r}")
-    if causal is None and window is None:
-        return None
-    pos = np.arange(lq)[:, None] + (lk - lq if causal == "bottom_right" else 0)
-    j = np.arange(lk)[None, :]
-    ok = np.ones((lq, lk), dtype=bool)
-    if causal is not None:
-        ok &= j <= pos
-    if window is not None:
-        left, right = window
-        if not _open(left):
-            ok &= j >= pos - left
-        if not _open(right):
-            ok &= j <= pos + right
-    return ok
-
-
 def _lift(x, rank):
     return None if x is None else x.reshape((1,) * (rank - x.ndim) + x.shape)
-
-
-class Layout:
-    """(*batch, heads, L, D) inputs as the operator's 4-D (B, H, L, D), and back."""
-
-    def __init__(self, q, k, v, mask=None, bias=None):
-        extras = [x for x in (mask, bias) if x is not None]
-        self.rank_out = max(2, q.ndim, k.ndim, v.ndim, *(x.ndim for x in extras))
-        rank = max(4, self.rank_out)
-        q, k, v, mask, bias = (_lift(x, rank) for x in (q, k, v, mask, bias))
-        extras = [x for x in (mask, bias) if x is not None]
-        hq = np.broadcast_shapes(*((x.shape[-3],) for x in (q, *extras)))[0]
-        hkv = np.broadcast_shapes((k.shape[-3],), (v.shape[-3],))[0]
-        if hq == 1:
-            hq = hkv
-        if hq % hkv:
-            raise ValueError(f"{hq} query heads cannot share {hkv} key/value heads")
-        self.batch = np.broadcast_shapes(*(x.shape[:-3] for x in (q, k, v, *extras)))
-        self.b = math.prod(self.batch)
-        self.hq, self.lq, self.lk = hq, q.shape[-2], k.shape[-2]
-        self.q = self._heads(q, hq)
-        self.k, self.v = self._heads(k, hkv), self._heads(v, hkv)
-        self.mask, self.bias = self._scores(mask), self._scores(bias)
-
-    def _heads(self, x, heads):
-        x = np.broadcast_to(x, self.batch + (heads,) + x.shape[-2:])
-        return x.reshape((self.b, heads) + x.shape[-2:])
-
-    def _scores(self, x):
-        """(B, 1 or H, 1 or Lq, Lk): broadcastable to the operator's score shape."""
-        if x is None:
-            return None
-        heads = 1 if x.shape[-3] == 1 else self.hq
-        x = np.broadcast_to(x, self.batch + (heads,) + x.shape[-2:-1] + (self.lk,))
-        return x.reshape((self.b, heads) + x.shape[-2:])
-
-    def restore(self, y):
-        """(B, H, Lq, X) -> (*batch, H, Lq, X) at the rank the inputs broadcast to."""
-        full = self.batch + y.shape[1:]
-        return y.reshape(full[len(full) - self.rank_out:])
 
 
 def attn_mask(mask, bias, extra):
@@ -211,17 +146,16 @@ def attention_node(m: Model, q: str, k: str, v: str, *, lq, lk, b, mask=None, bi
         attrs["softcap"] = float(softcap)
     if heads is not None:
         attrs["q_num_heads"], attrs["kv_num_heads"] = heads
-    if causal not in CAUSAL:
-        raise ValueError(f"causal must be one of {CAUSAL}, got {causal!r}")
+    rules.check_causal(causal)
     extra, nonpad = None, False
     if window is not None and not native_window:
-        extra = structural(lq, lk, causal, window)  # causal folded in as well
+        extra = rules.allowed(lq, lk, causal, window)  # causal folded in as well
     else:
         if causal is not None:
             attrs["is_causal"] = 1
         if window is not None:
-            attrs["left_window_size"] = -1 if _open(window[0]) else int(window[0])
-            attrs["right_window_size"] = -1 if _open(window[1]) else int(window[1])
+            attrs["left_window_size"], attrs["right_window_size"] = (
+                -1 if side is None else side for side in rules.window_sides(window))
         # the operator aligns causal (and windows) at offset nonpad_kv_seqlen - Lq;
         # with nonpad_kv_seqlen = Lk it is the bottom-right alignment, masking nothing
         nonpad = causal == "bottom_right"
@@ -311,16 +245,18 @@ class OnnxAttention:
         dt = self._dtype(q)
         q, k, v, bias = (self._cast(a, dt) for a in (q, k, v, bias))
         mask = None if mask is None else np.asarray(mask, dtype=bool)
-        lay = Layout(q, k, v, mask, bias)
+        lay = rules.Layout(q, k, v, mask, bias)
         if kv_lengths is not None:     # dim 0 of the batch; the rest flattened after it
             kv_lengths = np.repeat(np.asarray(kv_lengths, dtype=np.int64), lay.b // q.shape[0])
+        q, k, v = lay.fold(q, k, v, np.broadcast_to)
         m = Model(dt)
-        qn = m.feed("q", lay.q)
+        qn = m.feed("q", q)
         if pre is not None:  # bilinear scores: MatMul(q, W) first
             m.node("MatMul", [qn, m.feed("w_bilinear", self._cast(pre, dt))], ["qw"])
             qn = "qw"
-        outs = attention_node(m, qn, m.feed("k", lay.k), m.feed("v", lay.v),
-                              lq=lay.lq, lk=lay.lk, b=lay.b, mask=lay.mask, bias=lay.bias,
+        outs = attention_node(m, qn, m.feed("k", k), m.feed("v", v), lq=lay.lq, lk=lay.lk,
+                              b=lay.b, mask=lay.scores(mask, np.broadcast_to),
+                              bias=lay.scores(bias, np.broadcast_to),
                               causal=causal, scale=scale, softcap=softcap, window=window,
                               mode=mode, native_window=self.native_window,
                               kv_lengths=kv_lengths)
@@ -367,7 +303,7 @@ class OnnxAttention:
                                scale=scale, softcap=softcap, window=window, mode=3,
                                kv_lengths=kv_lengths)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def _masked_weights(self, q, k, *, mask=None, bias=None, causal=None, scale=None,
                         softcap=None, window=None):
         dt = self._dtype(q)
@@ -386,7 +322,7 @@ class OnnxAttention:
                                softcap=softcap, window=window, mode=None,
                                kv_lengths=kv_lengths)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def _masked_sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
                      softcap=None, window=None):
         return self._attention(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,

@@ -44,7 +44,8 @@ Known differences of the native op from the specification (jax 0.10.2, CPU):
   are only float32-accurate (relative error ~1e-7);
 - it masks with a finite -0.7*max, not -inf: when a row's allowed keys all carry a
   -inf bias, the masked-out keys get the weight (1/number masked), not 0;
-- under jax.jit it fails for float16 on CPU (see the comment above the jitted entries);
+- under jax.jit it fails for float16 on CPU (see the comment above the jitted entries,
+  backends/_jax_cores.py);
 - it rejects Dv != Dk (worked around here by exact zero-padding).
 """
 
@@ -52,331 +53,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from . import _lengths
+from . import _jax_cores as cores
+from . import rules
 
 DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
-CAUSAL = (None, "top_left", "bottom_right")
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _compute_dtype(dtype):
-    """float32 for half types, else the dtype itself (the native op's logits dtype)."""
-    return jnp.promote_types(dtype, jnp.float32)
-
-
-def _fill(dtype):
-    """The native op's stand-in for -inf at disallowed positions (-0.7 * max, capped
-    at float32's range); mirrored here so composed ops share its policies."""
-    big = min(float(jnp.finfo(dtype).max), float(jnp.finfo(jnp.float32).max))
-    return jnp.asarray(-0.7 * big, dtype=dtype)
-
-
-def _open(side):
-    return side is None or side < 0
-
-
-def _structural_mask(lq, lk, causal, window):
-    """Boolean (lq, lk): keys that causal and window allow, or None if neither is set."""
-    if causal is None and window is None:
-        return None
-    offset = lk - lq if causal == "bottom_right" else 0
-    i = np.arange(lq)[:, None] + offset
-    j = np.arange(lk)[None, :]
-    allowed = np.ones((lq, lk), dtype=bool)
-    if causal is not None:
-        allowed &= j <= i
-    if window is not None:
-        left, right = window
-        if not _open(left):
-            allowed &= j >= i - left
-        if not _open(right):
-            allowed &= j <= i + right
-    return allowed
-
-
-def _native_flags(lq, lk, causal, window):
-    """(is_causal, local_window_size, extra_mask) for the native op.
-
-    The native flags align top-left (query i at position i): ``is_causal`` allows
-    j <= i and ``local_window_size=(l, r)`` allows i - l <= j <= i + r, which is our
-    definition when the offset is 0. Otherwise an explicit mask says the same.
-    """
-    offset = lk - lq if causal == "bottom_right" else 0
-    if offset != 0:
-        return False, None, _structural_mask(lq, lk, causal, window)
-    size = None
-    if window is not None:
-        size = tuple(lq + lk if _open(w) else int(w) for w in window)
-    return causal is not None, size, None
-
-
-def _lift(x, rank):
-    return None if x is None else x.reshape((1,) * (rank - x.ndim) + x.shape)
-
-
-def _pad_last(x, width):
-    extra = width - x.shape[-1]
-    if extra == 0:
-        return x
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
-
-
-
-
-class _Layout:
-    """Moves (*batch, heads, L, D) inputs to the native (B, T, N, H) layout and back."""
-
-    def __init__(self, q, k, v, mask, bias):
-        extras = [x for x in (mask, bias) if x is not None]
-        self.rank_out = max(2, q.ndim, k.ndim, v.ndim, *(x.ndim for x in extras))
-        rank = max(3, self.rank_out)
-        q, k, v, mask, bias = (_lift(x, rank) for x in (q, k, v, mask, bias))
-        extras = [x for x in (mask, bias) if x is not None]
-        hq = np.broadcast_shapes(*((x.shape[-3],) for x in (q, *extras)))[0]
-        hkv = np.broadcast_shapes((k.shape[-3],), (v.shape[-3],))[0]
-        if hq == 1:
-            hq = hkv
-        if hq % hkv:
-            raise ValueError(f"{hq} query heads cannot share {hkv} key/value heads")
-        self.batch = np.broadcast_shapes(*(x.shape[:-3] for x in (q, k, v, *extras)))
-        self.b = math.prod(self.batch)
-        self.hq, self.lq, self.lk = hq, q.shape[-2], k.shape[-2]
-        self.q = self._tokens_first(q, hq)
-        self.k = self._tokens_first(k, hkv)
-        self.v = self._tokens_first(v, hkv)
-        self.mask, self.bias = self._scores_shape(mask), self._scores_shape(bias)
-
-    def _tokens_first(self, x, heads):
-        x = jnp.broadcast_to(x, self.batch + (heads,) + x.shape[-2:])
-        return x.reshape((self.b, heads) + x.shape[-2:]).transpose(0, 2, 1, 3)
-
-    def _scores_shape(self, x):
-        """(B, 1 or N, T, S), as the native op takes mask and bias."""
-        if x is None:
-            return None
-        heads = 1 if x.shape[-3] == 1 else self.hq
-        return jnp.broadcast_to(x, self.batch + (heads, self.lq, self.lk)).reshape(
-            (self.b, heads, self.lq, self.lk))
-
-    def restore(self, x):
-        """(B, N, T, X) -> (*batch, N, T, X) at the rank the inputs broadcast to."""
-        full = self.batch + x.shape[1:]
-        return x.reshape(full[len(full) - self.rank_out:])
-
-
-# --------------------------------------------------------------- cores (B, T, N, H)
-
-
-def _native_core(q, k, v, mask, bias, q_len=None, kv_len=None, *, causal, scale, window,
-                 implementation="xla", residual=False):
-    """(B, T, N, Dv) from the native op; mask/bias are (B, 1 or N, T, S) or None. With
-    residual, also its logsumexp (B, T, N) (return_residual=True)."""
-    is_causal, size, extra = _native_flags(q.shape[1], k.shape[1], causal, window)
-    if extra is not None:
-        extra = jnp.asarray(extra)[None, None]
-        mask = extra if mask is None else jnp.logical_and(mask, extra)
-    dv = v.shape[-1]
-    width = max(q.shape[-1], dv)  # the native op rejects Dv != Dk: pad both to one
-    q, k, v = (_pad_last(x, width) for x in (q, k, v))
-    out = jax.nn.dot_product_attention(
-        q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
-        local_window_size=size, implementation=implementation, return_residual=residual,
-        query_seq_lengths=q_len, key_value_seq_lengths=kv_len)
-    if residual:
-        out, lse = out
-        return out[..., :dv], lse
-    return out[..., :dv]
-
-
-def _composed_weights(q, k, mask, bias, *, causal, scale, softcap, window, lse=False):
-    """P (B, N, T, S) by the spec pipeline, in the compute dtype (with lse, and the
-    logsumexp (B, N, T) of the same masked scores)."""
-    ct = _compute_dtype(q.dtype)
-    k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)  # head h reads kv h // G
-    s = jnp.einsum("btnh,bsnh->bnts", q.astype(ct), k.astype(ct)) * scale
-    if softcap is not None:
-        s = softcap * jnp.tanh(s / softcap)
-    if bias is not None:
-        s = s + bias.astype(ct)
-    allowed = _structural_mask(q.shape[1], k.shape[1], causal, window)
-    if mask is not None:
-        allowed = mask if allowed is None else jnp.logical_and(mask, allowed)
-    if allowed is not None:
-        s = jnp.where(allowed, s, _fill(ct))
-    if lse:
-        return jax.nn.softmax(s, axis=-1), jax.nn.logsumexp(s, axis=-1)
-    return jax.nn.softmax(s, axis=-1)
-
-
-def _composed_core(q, k, v, mask, bias, **params):
-    p = _composed_weights(q, k, mask, bias, **params)
-    v = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2).astype(p.dtype)
-    return jnp.einsum("bnts,bsnh->btnh", p, v).astype(q.dtype)
-
-
-def _sdpa_fn(q, k, v, mask, bias, q_len=None, kv_len=None, *, causal, scale, softcap, window,
-             implementation="xla"):
-    lay = _Layout(q, k, v, mask, bias)
-    args = (lay.q, lay.k, lay.v, lay.mask, lay.bias)
-    if softcap is None:
-        out = _native_core(*args, q_len, kv_len, causal=causal, scale=scale, window=window,
-                           implementation=implementation)
-    else:
-        out = _composed_core(*args, causal=causal, scale=scale, softcap=softcap,
-                             window=window)
-    return lay.restore(out.transpose(0, 2, 1, 3))
-
-
-def _with_sink(out, lse, sink):
-    """A sink (no native form) folded in around the native lse: lse' = logaddexp(lse,
-    sink), out' = out exp(lse - lse'), in the compute dtype."""
-    ct = _compute_dtype(out.dtype)
-    lse = lse.astype(ct)
-    if sink is None:
-        return out, lse
-    total = jnp.logaddexp(lse, jnp.broadcast_to(sink[..., None].astype(ct), lse.shape))
-    return (out.astype(ct) * jnp.exp(lse - total)[..., None]).astype(out.dtype), total
-
-
-def _sdpa_lse_fn(q, k, v, mask, bias, sink, *, causal, scale, softcap, window,
-                 implementation="xla", composed=False):
-    """(out, lse) at the inputs' rank: the native op's residual, or composed (softcap; and
-    composed=True, for gradients: the native residual carries no gradient)."""
-    lay = _Layout(q, k, v, mask, bias)
-    if softcap is None and not composed:
-        out, lse = _native_core(lay.q, lay.k, lay.v, lay.mask, lay.bias, causal=causal,
-                                scale=scale, window=window, implementation=implementation,
-                                residual=True)
-        lse = lse.transpose(0, 2, 1)
-    else:
-        p, lse = _composed_weights(lay.q, lay.k, lay.mask, lay.bias, causal=causal,
-                                   scale=scale, softcap=softcap, window=window, lse=True)
-        values = jnp.repeat(lay.v, lay.q.shape[2] // lay.v.shape[2], axis=2).astype(p.dtype)
-        out = jnp.einsum("bnts,bsnh->btnh", p, values).astype(q.dtype)
-    out = lay.restore(out.transpose(0, 2, 1, 3))
-    lse = lay.restore(lse[..., None])[..., 0]
-    out, lse = _with_sink(out, lse, sink)
-    return out, lse.astype(q.dtype)
-
-
-# ----------------------------------------------------------------- jitted entries
-
-# Under jax.jit the native op fails for float16 on CPU: it asks dot_general for
-# precision F16_F16_F32, which the CPU lowering rejects ("The precision 'F16_F16_F32'
-# is not supported by dot_general on CPU"), and its try/except fallback to the default
-# precision only catches that error when ops run eagerly. Those tests fail, quickly (the
-# error comes at lowering, before XLA compiles), and are expected failures with that
-# message (backends/expected_failures/jax.yaml), not strict: a platform whose lowering
-# accepts F16_F16_F32 (GPUs, by the error text; not run here) passes them.
-
-_STATIC = ("causal", "scale", "softcap", "window", "implementation")
-
-_sdpa = jax.jit(_sdpa_fn, static_argnames=_STATIC)
-
-
-@partial(jax.jit, static_argnames=_STATIC)
-def _sdpa_vjp(q, k, v, d_out, mask, bias, q_len=None, kv_len=None, *, causal, scale, softcap,
-              window, implementation):
-    params = dict(causal=causal, scale=scale, softcap=softcap, window=window,
-                  implementation=implementation)
-    out, pullback = jax.vjp(lambda q, k, v: _sdpa_fn(q, k, v, mask, bias, q_len, kv_len,
-                                                     **params),
-                            q, k, v)
-    return pullback(d_out.astype(out.dtype))
-
-
-_sdpa_lse = jax.jit(_sdpa_lse_fn, static_argnames=_STATIC)
-
-
-@partial(jax.jit, static_argnames=_STATIC)
-def _sdpa_sink_vjp(q, k, v, d_out, mask, bias, sink, *, causal, scale, softcap, window,
-                   implementation):
-    params = dict(causal=causal, scale=scale, softcap=softcap, window=window,
-                  implementation=implementation, composed=True)
-    out, pullback = jax.vjp(
-        lambda q, k, v, sink: _sdpa_lse_fn(q, k, v, mask, bias, sink, **params)[0],
-        q, k, v, sink)
-    return pullback(d_out.astype(out.dtype))
-
-
-@partial(jax.jit, static_argnames=_STATIC)
-def _sink_weights(q, k, mask, bias, sink, *, causal, scale, softcap, window, implementation):
-    lay = _Layout(q, k, k[..., :1], mask, bias)
-    p, lse = _composed_weights(lay.q, lay.k, lay.mask, lay.bias, causal=causal, scale=scale,
-                               softcap=softcap, window=window, lse=True)
-    p = lay.restore(p)
-    p, _ = _with_sink(p, lay.restore(lse[..., None])[..., 0], sink)
-    return p.astype(q.dtype)
-
-
-@partial(jax.jit, static_argnames=_STATIC)
-def _weights(q, k, mask, bias, *, causal, scale, softcap, window, implementation):
-    lay = _Layout(q, k, k[..., :1], mask, bias)
-    p = _composed_weights(lay.q, lay.k, lay.mask, lay.bias, causal=causal, scale=scale,
-                          softcap=softcap, window=window)
-    return lay.restore(p.astype(q.dtype))
-
-
-@partial(jax.jit, static_argnames=("axis",))
-def _softmax(x, *, axis):
-    return jax.nn.softmax(x, axis=axis)
-
-
-@partial(jax.jit, static_argnames=("kind", "scale"))
-def _scores(q, k, w, u, v, *, kind, scale):
-    dtype, ct = q.dtype, _compute_dtype(q.dtype)
-    q, k = q.astype(ct), k.astype(ct)
-    kt = jnp.swapaxes(k, -1, -2)
-    if kind == "dot":
-        s = q @ kt
-    elif kind == "scaled_dot":
-        s = (q @ kt) * scale
-    elif kind == "bilinear":
-        s = (q @ w.astype(ct)) @ kt
-    else:  # additive: s[i, j] = v . tanh(k_j W + q_i U)
-        hidden = (k @ w.astype(ct))[..., None, :, :] + (q @ u.astype(ct))[..., :, None, :]
-        s = jnp.tanh(hidden) @ v.astype(ct)
-    return s.astype(dtype)
-
-
-@partial(jax.jit, static_argnames=("causal", "implementation"))
-def _self_attention(x, w_q, w_k, w_v, mask, *, causal, implementation):
-    scale = 1.0 / math.sqrt(w_k.shape[1])
-    return _sdpa_fn(x @ w_q, x @ w_k, x @ w_v, mask, None, causal=causal, scale=scale,
-                    softcap=None, window=None, implementation=implementation)
-
-
-@partial(jax.jit, static_argnames=("num_heads", "num_kv_heads", "causal", "implementation"))
-def _mha(query, key, value, w_q, w_k, w_v, w_o, mask, *, num_heads, num_kv_heads,
-         causal, implementation):
-    mask_batch = () if mask is None else mask.shape[:-3]
-    batch = np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2],
-                                mask_batch)
-    b = math.prod(batch)
-
-    def heads(x, w, n):  # (*batch, L, E) @ (E, n*d) -> (B, L, n, d): the native layout
-        y = jnp.broadcast_to(x @ w, batch + (x.shape[-2], w.shape[1]))
-        return y.reshape((b, x.shape[-2], n, w.shape[1] // n))
-
-    q = heads(query, w_q, num_heads)
-    k = heads(key, w_k, num_kv_heads)
-    v = heads(value, w_v, num_kv_heads)
-    lq, lk = q.shape[1], k.shape[1]
-    if mask is not None:
-        mask = _lift(mask, len(batch) + 3)
-        h = 1 if mask.shape[-3] == 1 else num_heads
-        mask = jnp.broadcast_to(mask, batch + (h, lq, lk)).reshape((b, h, lq, lk))
-    out = _native_core(q, k, v, mask, None, causal=causal, window=None,
-                       scale=1.0 / math.sqrt(q.shape[-1]), implementation=implementation)
-    return out.reshape(batch + (lq, -1)) @ w_o
 
 
 # -------------------------------------------------------------------- validation
@@ -390,11 +74,6 @@ def _arrays(*xs):
 def _check_dtype(x):
     if x.dtype.name not in DTYPES:
         raise NotImplementedError(f"jax backend: dtype {x.dtype} is not supported")
-
-
-def _check_causal(causal):
-    if causal not in CAUSAL:
-        raise ValueError(f"causal must be one of {CAUSAL}, got {causal!r}")
 
 
 def _window(window):
@@ -415,7 +94,7 @@ def _result(x):
 
 def _sdpa_params(q, causal, scale, softcap, window, implementation):
     _check_dtype(q)
-    _check_causal(causal)
+    rules.check_causal(causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     softcap = None if softcap is None else float(softcap)
     return dict(causal=causal, scale=scale, softcap=softcap, window=_window(window),
@@ -435,10 +114,10 @@ def _native_lengths(q, k, mask, causal, window, q_lengths, kv_lengths, softcap):
         raise NotImplementedError("jax backend: softcap with q_lengths/kv_lengths is not "
                                   "composed")
     if causal == "bottom_right":
-        mask, _ = _lengths.compose(q.shape, k.shape, mask, causal, window, q_lengths,
-                                   kv_lengths)
+        mask, _ = rules.compose_lengths(q.shape, k.shape, mask, causal, window, q_lengths,
+                                        kv_lengths)
         causal, window = None, None
-    per = math.prod(q.shape[1:-3])       # batch dims after dim 0, flattened by _Layout
+    per = math.prod(q.shape[1:-3])       # batch dims after dim 0, flattened by rules.Layout
     lengths = [None if n is None else np.repeat(np.asarray(n, dtype=np.int32), per)
                for n in (q_lengths, kv_lengths)]
     return (mask, causal, window, *lengths)
@@ -452,7 +131,7 @@ def _no_sink_with_lengths(q_lengths, kv_lengths):
 
 def _with_heads(method):
     """Run sdpa or sdpa_vjp with lengths on (B, L, D) inputs as (B, 1, L, D): the native
-    op's lengths index B, and _Layout reads a rank-3 input's dim 0 as heads."""
+    op's lengths index B, and rules.Layout reads a rank-3 input's dim 0 as heads."""
     def wrapper(self, q, k, v, *rest, mask=None, bias=None, **params):
         lengths = params.get("q_lengths") is not None or params.get("kv_lengths") is not None
         if not lengths or np.ndim(q) != 3:
@@ -559,7 +238,7 @@ class JaxBackend:
         with self._running():
             (x,) = _arrays(x)
             _check_dtype(x)
-            return _result(_softmax(x, axis=int(axis)))
+            return _result(cores.softmax(x, axis=int(axis)))
 
     def scores(self, q, k, *, kind, scale=None, w=None, u=None, v=None):
         with self._running():
@@ -574,17 +253,17 @@ class JaxBackend:
             if missing:
                 raise ValueError(f"score kind {kind!r} needs {', '.join(missing)}")
             scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-            return _result(_scores(q, k, w, u, v, kind=kind, scale=scale))
+            return _result(cores.scores(q, k, w, u, v, kind=kind, scale=scale))
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None):
         with self._running():
             q, k, bias, sink = _arrays(q, k, bias, sink)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
             if sink is not None:
-                return _result(_sink_weights(q, k, _mask(mask), bias, sink, **params))
-            return _result(_weights(q, k, _mask(mask), bias, **params))
+                return _result(cores.sink_weights(q, k, _mask(mask), bias, sink, **params))
+            return _result(cores.weights(q, k, _mask(mask), bias, **params))
 
     @_with_heads
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
@@ -598,15 +277,15 @@ class JaxBackend:
             mask, causal, window, *lengths = _native_lengths(
                 q, k, mask, causal, window, q_lengths, kv_lengths, softcap)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
-            return _result(_sdpa(q, k, v, _mask(mask), bias, *lengths, **params))
+            return _result(cores.sdpa(q, k, v, _mask(mask), bias, *lengths, **params))
 
     def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
         with self._running():
             q, k, v, bias, sink = _arrays(q, k, v, bias, sink)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
-            return tuple(_result(x) for x in _sdpa_lse(q, k, v, _mask(mask), bias, sink,
-                                                       **params))
+            out = cores.sdpa_lse(q, k, v, _mask(mask), bias, sink, **params)
+            return tuple(_result(x) for x in out)
 
     @_with_heads
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
@@ -619,18 +298,20 @@ class JaxBackend:
                 q, k, mask, causal, window, q_lengths, kv_lengths, softcap)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
             if sink is not None:
-                grads = _sdpa_sink_vjp(q, k, v, d_out, _mask(mask), bias, sink, **params)
+                grads = cores.sdpa_sink_vjp(q, k, v, d_out, _mask(mask), bias, sink,
+                                            **params)
             else:
-                grads = _sdpa_vjp(q, k, v, d_out, _mask(mask), bias, *lengths, **params)
+                grads = cores.sdpa_vjp(q, k, v, d_out, _mask(mask), bias, *lengths,
+                                       **params)
             return tuple(_result(g) for g in grads)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
         with self._running():
             x, w_q, w_k, w_v = _arrays(x, w_q, w_k, w_v)
             _check_dtype(x)
-            _check_causal(causal)
-            return _result(_self_attention(x, w_q, w_k, w_v, _mask(mask), causal=causal,
-                                           implementation=self.implementation))
+            rules.check_causal(causal)
+            return _result(cores.self_attention(x, w_q, w_k, w_v, _mask(mask), causal=causal,
+                                                implementation=self.implementation))
 
     def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
                              num_kv_heads=None, mask=None, causal=None):
@@ -638,7 +319,7 @@ class JaxBackend:
             query, key, value, w_q, w_k, w_v, w_o = _arrays(
                 query, key, value, w_q, w_k, w_v, w_o)
             _check_dtype(query)
-            _check_causal(causal)
+            rules.check_causal(causal)
             num_heads = int(num_heads)
             num_kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
             if num_heads % num_kv_heads:
@@ -647,9 +328,9 @@ class JaxBackend:
                                (w_v, num_kv_heads, "w_v")):
                 if w.shape[1] % n:
                     raise ValueError(f"{what} width {w.shape[1]} is not a multiple of {n}")
-            return _result(_mha(query, key, value, w_q, w_k, w_v, w_o, _mask(mask),
-                                num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                causal=causal, implementation=self.implementation))
+            return _result(cores.mha(query, key, value, w_q, w_k, w_v, w_o, _mask(mask),
+                                     num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                     causal=causal, implementation=self.implementation))
 
 
 # ------------------------------------------------------------------- jax-cudnn

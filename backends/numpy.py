@@ -25,7 +25,7 @@ from __future__ import annotations
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 
-from . import _lengths
+from . import rules
 
 _OPS = ("softmax", "scores", "attention_weights", "sdpa", "sdpa_lse", "self_attention",
         "multi_head_attention", "sdpa_vjp")
@@ -33,8 +33,6 @@ _OPS = ("softmax", "scores", "attention_weights", "sdpa", "sdpa_lse", "self_atte
 #: input dtype name -> dtype the arithmetic is done in
 _COMPUTE = {"float64": np.float64, "float32": np.float32,
             "float16": np.float32, "bfloat16": np.float32}
-
-_CAUSAL = (None, "top_left", "bottom_right")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -101,32 +99,9 @@ def _group_sum(g, shape):
     return g.sum(axis=-3)
 
 
-def _side(n):
-    """A window side: None or negative means open."""
-    return None if n is None or n < 0 else n
-
-
 def _allowed(lq, lk, mask, causal, window):
     """Boolean array (broadcastable to the scores) of allowed positions, or None."""
-    if causal not in _CAUSAL:
-        raise ValueError(f"causal must be one of {_CAUSAL}, got {causal!r}")
-    allowed = _mask(mask)
-    if causal is None and window is None:
-        return allowed
-    pos = np.arange(lq)[:, None] + (lk - lq if causal == "bottom_right" else 0)
-    j = np.arange(lk)[None, :]
-    rules = []
-    if causal is not None:
-        rules.append(j <= pos)
-    if window is not None:
-        left, right = (_side(n) for n in window)
-        if left is not None:
-            rules.append(j >= pos - left)
-        if right is not None:
-            rules.append(j <= pos + right)
-    for rule in rules:
-        allowed = rule if allowed is None else allowed & rule
-    return allowed
+    return rules.and_masks(_mask(mask), rules.allowed(lq, lk, causal, window))
 
 
 def _with_sink(s, sink):
@@ -264,7 +239,7 @@ class NumpyBackend:
         q, k, w, u, v = (_cast(a, ct) for a in (q, k, w, u, v))
         return _score_kind(q, _expand_kv(k, q), kind, scale, w, u, v).astype(dt)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))
@@ -273,7 +248,7 @@ class NumpyBackend:
                          scale=scale, softcap=softcap, window=window, sink=sink)
         return p.astype(dt)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))
@@ -290,7 +265,7 @@ class NumpyBackend:
                              softcap=softcap, window=window, sink=sink)
         return out.astype(dt), lse.astype(dt)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
                  scale=None, softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))

@@ -55,7 +55,7 @@ import warnings
 
 import numpy as np
 
-from . import _lengths
+from . import rules
 
 with warnings.catch_warnings():  # "No ccache found", raised by paddle's C++ extension tools
     warnings.simplefilter("ignore")
@@ -64,7 +64,6 @@ with warnings.catch_warnings():  # "No ccache found", raised by paddle's C++ ext
 
 _OPS = ("softmax", "scores", "attention_weights", "sdpa", "sdpa_lse", "self_attention",
         "multi_head_attention", "sdpa_vjp")
-_CAUSAL = (None, "top_left", "bottom_right")
 
 
 def _cpu_dtypes() -> frozenset:
@@ -95,38 +94,21 @@ def _to_numpy(t: paddle.Tensor) -> np.ndarray:
 # ---------------------------------------------------------------- masks
 
 
-def _allowed(lq: int, lk: int, causal, window) -> np.ndarray | None:
-    """Bool (Lq, Lk): True where causal and window allow query i to see key j."""
-    if causal not in _CAUSAL:
-        raise ValueError(f"causal must be one of {_CAUSAL}, got {causal!r}")
-    if causal is None and window is None:
-        return None
-    pos = np.arange(lq)[:, None] + (lk - lq if causal == "bottom_right" else 0)
-    j = np.arange(lk)[None, :]
-    ok = np.ones((lq, lk), dtype=bool)
-    if causal is not None:
-        ok &= j <= pos
-    if window is not None:
-        left, right = window
-        if left is not None and left >= 0:
-            ok &= j >= pos - left
-        if right is not None and right >= 0:
-            ok &= j <= pos + right
-    return ok
+def _allowed(mask, lq: int, lk: int, causal, window) -> np.ndarray | None:
+    """The boolean mask and-ed with the keys causal and window allow (rules.allowed), or
+    None when there is neither."""
+    mask = None if mask is None else np.asarray(mask, dtype=bool)
+    return rules.and_masks(mask, rules.allowed(lq, lk, causal, window))
 
 
-def _and(a, b):
-    if a is None:
-        return b
-    return a if b is None else a & b
+def _attn_mask(ok, bias):
+    """The op's attn_mask: the boolean ok, or the bias with -inf where ok is False."""
+    if ok is None or bias is None:
+        return bias if ok is None else ok
+    return paddle.where(ok, bias, paddle.full([], -math.inf, dtype=bias.dtype))
 
 
-# ---------------------------------------------------------------- layout
-
-
-def _lift(t, rank):
-    return None if t is None else t.reshape([1] * (rank - t.ndim) + list(t.shape))
-
+# ---------------------------------------------------------------- attention core
 
 
 def _composed_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
@@ -149,8 +131,7 @@ def _composed_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scal
         s = softcap * paddle.tanh(s / softcap)
     if bias is not None:
         s = s + bias
-    ok = _and(None if mask is None else np.asarray(mask, dtype=bool),
-              _allowed(lq, lk, causal, window))
+    ok = _allowed(mask, lq, lk, causal, window)
     if ok is not None:
         s = s + paddle.to_tensor(np.where(ok, 0.0, -math.inf).astype(str(s.dtype)
                                                                      .replace("paddle.", "")))
@@ -166,104 +147,48 @@ def _composed_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scal
     lse = (paddle.log(total) + m).squeeze(-1)
     return paddle.matmul(p, v), lse, p
 
-class _Layout:
-    """(*batch, heads, L, D) tensors as the op's (B, L, H, D), and back (paddle ops)."""
-
-    def __init__(self, q, k, v, mask=None, bias=None):
-        extras = [x for x in (mask, bias) if x is not None]
-        self.rank_out = max(2, q.ndim, k.ndim, v.ndim, *(x.ndim for x in extras))
-        rank = max(3, self.rank_out)
-        q, k, v, mask, bias = (_lift(x, rank) for x in (q, k, v, mask, bias))
-        extras = [x for x in (mask, bias) if x is not None]
-        hq = np.broadcast_shapes(*((x.shape[-3],) for x in (q, *extras)))[0]
-        hkv = np.broadcast_shapes((k.shape[-3],), (v.shape[-3],))[0]
-        if hq == 1:
-            hq = hkv
-        if hq % hkv:
-            raise ValueError(f"{hq} query heads cannot share {hkv} key/value heads")
-        self.batch = tuple(np.broadcast_shapes(*(tuple(x.shape[:-3])
-                                                 for x in (q, k, v, *extras))))
-        self.b = math.prod(self.batch)
-        self.hq, self.lq, self.lk = hq, q.shape[-2], k.shape[-2]
-        self.q, self.k, self.v = self._tokens_first(q, hq), self._tokens_first(k, hkv), \
-            self._tokens_first(v, hkv)
-        self.mask, self.bias = self._scores(mask), self._scores(bias)
-
-    def _tokens_first(self, x, heads):
-        x = paddle.broadcast_to(x, list(self.batch) + [heads] + list(x.shape[-2:]))
-        x = x.reshape([self.b, heads] + list(x.shape[-2:]))
-        return x.transpose([0, 2, 1, 3])
-
-    def _scores(self, x):
-        """(B, 1 or H, Lq or 1, Lk), as the op adds it to its (B, H, Lq, Lk) scores."""
-        if x is None:
-            return None
-        heads = 1 if x.shape[-3] == 1 else self.hq
-        x = paddle.broadcast_to(x, list(self.batch) + [heads, x.shape[-2], self.lk])
-        return x.reshape([self.b, heads, x.shape[-2], self.lk])
-
-    def restore(self, y):
-        """(B, Lq, H, X) -> (*batch, H, Lq, X) at the rank the inputs broadcast to."""
-        y = y.transpose([0, 2, 1, 3])
-        full = list(self.batch) + list(y.shape[1:])
-        return y.reshape(full[len(full) - self.rank_out:])
-
-
-# ---------------------------------------------------------------- attention core
-
 
 def _attend(q, k, v, *, mask=None, bias=None, causal=None, scale=None, softcap=None,
             window=None):
     """The sdpa path on interface-layout tensors (mask: bool ndarray or None)."""
     tm = None if mask is None else paddle.to_tensor(np.asarray(mask, dtype=bool))
-    lay = _Layout(q, k, v, tm, bias)
-    allowed = _allowed(lay.lq, lay.lk, causal, window)
+    lay = rules.Layout(q, k, v, tm, bias)
+    q, k, v = lay.fold(q, k, v, paddle.broadcast_to)                    # (B, H, L, D)
+    tm, tb = (lay.scores(x, paddle.broadcast_to) for x in (tm, bias))
+    allowed = rules.allowed(lay.lq, lay.lk, causal, window)
+    ok = rules.and_masks(tm, None if allowed is None else paddle.to_tensor(allowed))
     scale = None if scale is None else float(scale)
     if softcap is not None:
-        out = _composed(lay, allowed, scale, float(softcap))
-        return lay.restore(out)
-    if (causal == "top_left" and mask is None and bias is None and window is None):
-        out = F.scaled_dot_product_attention(lay.q, lay.k, lay.v, is_causal=True,
+        return lay.restore(_composed(q, k, v, ok, tb, scale, float(softcap)))
+    q, k, v = (x.transpose([0, 2, 1, 3]) for x in (q, k, v))            # the op's (B, L, H, D)
+    if causal == "top_left" and mask is None and bias is None and window is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, training=False,
+                                             scale=scale)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=_attn_mask(ok, tb),
                                              training=False, scale=scale)
-        return lay.restore(out)
-    attn_mask = lay.mask
-    if allowed is not None:
-        extra = paddle.to_tensor(allowed)
-        attn_mask = extra if attn_mask is None else paddle.logical_and(attn_mask, extra)
-    if lay.bias is not None:
-        if attn_mask is not None:
-            attn_mask = paddle.where(attn_mask, lay.bias,
-                                     paddle.full([], -math.inf, dtype=lay.bias.dtype))
-        else:
-            attn_mask = lay.bias
-    out = F.scaled_dot_product_attention(lay.q, lay.k, lay.v, attn_mask=attn_mask,
-                                         training=False, scale=scale)
-    return lay.restore(out)
+    return lay.restore(out.transpose([0, 2, 1, 3]))
 
 
-def _composed(lay, allowed, scale, softcap):
-    """softmax(softcap(q kᵀ·scale) + bias, disallowed = -inf) v with paddle ops (B, L, H, D)."""
+def _composed(q, k, v, ok, bias, scale, softcap):
+    """softmax(softcap(q kᵀ·scale) + bias, disallowed = -inf) v with paddle ops, on
+    (B, H, L, D) tensors."""
     if softcap <= 0:
         raise ValueError(f"softcap must be positive, got {softcap}")
-    q, k, v = (x.transpose([0, 2, 1, 3]) for x in (lay.q, lay.k, lay.v))  # (B, H, L, D)
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = (paddle.repeat_interleave(x, group, axis=1) for x in (k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = paddle.matmul(q, k, transpose_y=True) * scale
     s = softcap * paddle.tanh(s / softcap)
-    if lay.bias is not None:
-        s = s + lay.bias
-    ok = lay.mask
-    if allowed is not None:
-        extra = paddle.to_tensor(allowed)
-        ok = extra if ok is None else paddle.logical_and(ok, extra)
+    if bias is not None:
+        s = s + bias
     if ok is not None:
         # added as -inf, as the native op adds its converted boolean mask
         s = s + paddle.where(ok, paddle.zeros([], dtype=s.dtype),
                              paddle.full([], -math.inf, dtype=s.dtype))
     p = F.softmax(s, axis=-1)
-    return paddle.matmul(p, v).transpose([0, 2, 1, 3])
+    return paddle.matmul(p, v)
 
 
 def _split_heads(x, heads):
@@ -359,7 +284,7 @@ class PaddleBackend:
             raise ValueError(f"unknown score kind {kind!r}")
         return _to_numpy(s)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
         dt = self._dtype(q)
@@ -375,7 +300,7 @@ class PaddleBackend:
                     softcap=softcap, window=window)
         return _to_numpy(p)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
         if sink is not None:
@@ -388,7 +313,7 @@ class PaddleBackend:
                       softcap=softcap, window=window)
         return _to_numpy(out)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
         dt = self._dtype(q)
@@ -427,8 +352,7 @@ class PaddleBackend:
         dt = self._dtype(query)
         tq, tk, tv = (_to_paddle(a, dt) for a in (query, key, value))
         ws = [_to_paddle(w, dt) for w in (w_q, w_k, w_v, w_o)]
-        allowed = _and(None if mask is None else np.asarray(mask, dtype=bool),
-                       _allowed(tq.shape[-2], tk.shape[-2], causal, None))
+        allowed = _allowed(mask, tq.shape[-2], tk.shape[-2], causal, None)
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         with paddle.no_grad():
             if kv_heads == num_heads and _layer_fits(tq.shape[-1], num_heads, *ws):

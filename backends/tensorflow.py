@@ -48,7 +48,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from . import _lengths
+from . import _tensorflow_cores as cores
+from . import rules
 
 if keras.backend.backend() != "tensorflow":
     raise ImportError(
@@ -58,9 +59,6 @@ if keras.backend.backend() != "tensorflow":
     )
 
 _DTYPES = ("float64", "float32", "float16", "bfloat16")
-# The value keras.ops.dot_product_attention (TF backend) writes into masked logits;
-# the composed softcap path uses the same, so it follows the same declared policy.
-_LARGE_NEGATIVE = -0.7 * 3.38953e38
 _TRACE_BUDGET_S = 0.15  # eager seconds one configuration spends before it is traced
 _MAX_CACHED = 512
 
@@ -100,75 +98,6 @@ def _sig(*arrays):
                  for a in arrays)
 
 
-
-def _allowed(lq: int, lk: int, causal, window):
-    """Bool (Lq, Lk): True where causal and window allow query i to see key j, or None."""
-    if causal not in (None, "top_left", "bottom_right"):
-        raise ValueError(f"causal must be None, 'top_left' or 'bottom_right', not {causal!r}")
-    if causal is None and window is None:
-        return None
-    pos = np.arange(lq)[:, None] + (lk - lq if causal == "bottom_right" else 0)
-    j = np.arange(lk)[None, :]
-    ok = np.ones((lq, lk), dtype=bool)
-    if causal is not None:
-        ok &= j <= pos
-    if window is not None:
-        left, right = window
-        if left is not None and left >= 0:
-            ok &= j >= pos - left
-        if right is not None and right >= 0:
-            ok &= j <= pos + right
-    return ok
-
-
-def _composed_lse(q, k, v, *, mask, bias, sink, causal, scale, softcap, window):
-    """(softmax(s) v, lse(s)) of the score pipeline s with tf ops, in the interface layout.
-
-    Keras has no op returning the lse, and none with a sink; the sink is one more score
-    column (a key of value 0). Disallowed logits are replaced (tf.where) by the value
-    keras.ops.dot_product_attention writes, so the declared policies hold: a row without
-    keys is uniform (its lse is log(Lk), that of Lk equal scores), an all -inf bias row
-    NaN, a NaN at a masked key ignored. float16 / bfloat16 compute in float32.
-    """
-    dtype = q.dtype
-    work = tf.float64 if dtype == tf.float64 else tf.float32
-    q, k, v = (tf.cast(x, work) for x in (q, k, v))
-    lq, lk = q.shape[-2], k.shape[-2]
-    if q.shape.rank >= 3 and k.shape.rank >= 3 and v.shape.rank >= 3:
-        hq, hk = q.shape[-3], k.shape[-3]
-        if hk > 1 and hq != hk and hq % hk == 0:  # grouped-query: kv head h // group
-            k, v = (tf.repeat(x, hq // hk, axis=-3) for x in (k, v))
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    s = tf.matmul(q, k, transpose_b=True) * tf.constant(scale, work)
-    if softcap is not None:
-        if softcap <= 0:
-            raise ValueError(f"softcap must be positive, got {softcap}")
-        s = softcap * tf.tanh(s / softcap)
-    if bias is not None:
-        s = s + tf.cast(bias, work)
-    allowed = _combine_masks(mask, _allowed(lq, lk, causal, window))
-    empty = None
-    if allowed is not None:
-        full = np.broadcast_to(allowed, np.broadcast_shapes(allowed.shape, tuple(s.shape)))
-        s = tf.where(tf.constant(full), s, tf.constant(_LARGE_NEGATIVE, work))
-        empty = tf.constant(~full.any(axis=-1))
-    if sink is not None:
-        col = tf.cast(sink, work)[..., None, None]
-        shape = tf.broadcast_dynamic_shape(tf.shape(s)[:-1], tf.shape(col)[:-1])
-        s = tf.concat([tf.broadcast_to(s, tf.concat([shape, [lk]], 0)),
-                       tf.broadcast_to(col, tf.concat([shape, [1]], 0))], axis=-1)
-        empty = None  # the sink is always allowed: no row is empty
-    m = tf.stop_gradient(tf.reduce_max(s, axis=-1, keepdims=True))
-    e = tf.exp(s - m)
-    total = tf.reduce_sum(e, axis=-1, keepdims=True)
-    p = e / total
-    lse = tf.math.log(total[..., 0])
-    shifted = lse + m[..., 0]
-    lse = shifted if empty is None else tf.where(empty, lse, shifted)
-    out = tf.matmul(p[..., :lk], v)
-    return tf.cast(out, dtype), tf.cast(lse, dtype), tf.cast(p[..., :lk], dtype)
-
-
 class _Runner:
     """Run a computation eagerly, or through a tf.function once its key has spent
     about one trace's worth of eager time (a ski-rental rule)."""
@@ -196,155 +125,6 @@ class _Runner:
             # rather than per closure code (no spurious "retracing" warnings)
             self._functions[key] = tf.function(functools.partial(fn))
         return out
-
-
-# ---------------------------------------------------------------- masks and shapes
-
-
-def _structural_mask(lq: int, lk: int, causal, window):
-    """Boolean (Lq, Lk) mask for causal/window constraints that need one, or None.
-
-    Returns (mask, native_causal): top-left causal (and bottom-right with Lq == Lk,
-    which is the same thing) is left to Keras' own ``is_causal``.
-    """
-    if causal not in (None, "top_left", "bottom_right"):
-        raise ValueError(f"causal must be None, 'top_left' or 'bottom_right', not {causal!r}")
-    native_causal = causal == "top_left" or (causal == "bottom_right" and lq == lk)
-    offset = lk - lq if causal == "bottom_right" else 0
-    i = np.arange(lq)[:, None] + offset
-    j = np.arange(lk)[None, :]
-    mask = None
-    if causal is not None and not native_causal:
-        mask = j <= i
-    if window is not None:
-        left, right = window
-        allowed = np.ones((lq, lk), dtype=bool)
-        if left is not None and left >= 0:
-            allowed &= j >= i - left
-        if right is not None and right >= 0:
-            allowed &= j <= i + right
-        mask = allowed if mask is None else mask & allowed
-    return mask, native_causal
-
-
-def _combine_masks(mask, structural):
-    if mask is None:
-        return structural
-    mask = np.asarray(mask, dtype=bool)
-    return mask if structural is None else np.logical_and(mask, structural)
-
-
-def _to_4d(arr, batch: tuple, heads: int, lq: int, lk: int):
-    """(*b, h, Lq, Lk)-broadcastable array -> (B or 1, heads or 1, Lq, Lk)."""
-    if arr is None:
-        return None
-    arr = np.asarray(arr)
-    rank = len(batch) + 3
-    arr = arr.reshape((1,) * (rank - arr.ndim) + arr.shape)
-    b = batch if any(d != 1 for d in arr.shape[:-3]) else (1,) * len(batch)
-    h = heads if arr.shape[-3] != 1 else 1
-    arr = np.broadcast_to(arr, b + (h, lq, lk))
-    return np.ascontiguousarray(arr).reshape(math.prod(b), h, lq, lk)
-
-
-class _Plan:
-    """Shapes of one sdpa call: broadcast batch dims, heads, grouped-query."""
-
-    def __init__(self, q, k, v, mask, bias):
-        self.lq, self.dk = q.shape[-2:]
-        self.lk, self.dv = k.shape[-2], v.shape[-1]
-        hq = q.shape[-3] if q.ndim >= 3 else 1
-        hk = k.shape[-3] if k.ndim >= 3 else 1
-        self.gqa = q.ndim >= 3 and k.ndim >= 3 and v.ndim >= 3 and hk > 1 \
-            and hq != hk and hq % hk == 0
-        kv_lead = [k.shape[:-2], v.shape[:-2]]
-        if self.gqa:  # kv heads count as q's heads for broadcasting
-            kv_lead = [s[:-1] + (hq,) for s in kv_lead]
-        extra = [np.shape(a)[:-2] for a in (mask, bias) if a is not None]
-        self.lead = tuple(np.broadcast_shapes(q.shape[:-2], *kv_lead, *extra))
-        self.batch = self.lead[:-1] if self.lead else ()
-        self.heads = self.lead[-1] if self.lead else 1
-        self.kv_heads = hk if self.gqa else self.heads
-        self.b = math.prod(self.batch)
-
-    def full(self, heads: int, length: int, dim: int):
-        return self.batch + (heads, length, dim)
-
-
-def _to_bthd(x, full: tuple, b: int):
-    """Broadcast to (*batch, H, L, D), flatten batch, move tokens before heads."""
-    x = tf.reshape(tf.broadcast_to(x, full), (b,) + full[-3:])
-    return tf.transpose(x, (0, 2, 1, 3))
-
-
-def _from_bthd(x, plan: _Plan):
-    x = tf.transpose(x, (0, 2, 1, 3))  # (B, H, Lq, D)
-    return tf.reshape(x, plan.lead + (plan.lq, x.shape[-1]))
-
-
-# ---------------------------------------------------------------- attention cores
-
-
-def _composed_probs(q, k, bias, mask, scale, softcap):
-    """The score pipeline built from keras.ops, mirroring keras' precision choices.
-
-    Used only for softcap, which keras.ops.dot_product_attention supports on JAX/TPU
-    only. ``q, k``: (B, T, N, H); returns P: (B, N, T, S) in the input dtype.
-    """
-    n, nk = q.shape[2], k.shape[2]
-    if nk != n:
-        k = keras.ops.repeat(k, n // nk, axis=2)
-    logits = keras.ops.einsum("BTNH,BSNH->BNTS", q, k)
-    work = "float64" if q.dtype == tf.float64 else "float32"
-    logits = keras.ops.cast(logits, work) * scale
-    logits = softcap * keras.ops.tanh(logits / softcap)
-    if bias is not None:
-        logits = logits + keras.ops.cast(bias, work)
-    if mask is not None:
-        logits = keras.ops.where(mask, logits, keras.ops.cast(_LARGE_NEGATIVE, work))
-    return keras.ops.cast(keras.ops.softmax(logits, axis=-1), q.dtype)
-
-
-def _scale_tensor(scale, dk: int, dtype):
-    """The scale as a tensor of the logits' dtype.
-
-    keras.ops.dot_product_attention computes its default 1/sqrt(Dk) in float32 and
-    converts a Python-float scale through float32 (tf.cast), which costs float64
-    inputs ~1e-8 relative error; a float64 tensor keeps the scale exact.
-    """
-    value = 1.0 / math.sqrt(dk) if scale is None else float(scale)
-    return tf.constant(value, dtype=tf.float64 if dtype == tf.float64 else tf.float32)
-
-
-def _attend(q, k, v, mask, bias, *, plan: _Plan, scale, native_causal, softcap):
-    """sdpa on tensors of the caller's shapes; returns (*lead, Lq, Dv)."""
-    qh = _to_bthd(q, plan.full(plan.heads, plan.lq, plan.dk), plan.b)
-    kh = _to_bthd(k, plan.full(plan.kv_heads, plan.lk, plan.dk), plan.b)
-    vh = _to_bthd(v, plan.full(plan.kv_heads, plan.lk, plan.dv), plan.b)
-    scale = _scale_tensor(scale, plan.dk, qh.dtype)
-    if softcap is None:
-        out = keras.ops.dot_product_attention(
-            qh, kh, vh, bias=bias, mask=mask, scale=scale,
-            is_causal=native_causal, flash_attention=None)
-    else:
-        probs = _composed_probs(qh, kh, bias, mask, scale, softcap)
-        if plan.kv_heads != plan.heads:
-            vh = keras.ops.repeat(vh, plan.heads // plan.kv_heads, axis=2)
-        out = keras.ops.einsum("BNTS,BSNH->BTNH", probs, vh)
-    return _from_bthd(out, plan)
-
-
-def _prepare(q, k, v, mask, bias, causal, window, softcap):
-    """Plan, 4-D mask and bias, and whether Keras' is_causal can be used."""
-    plan = _Plan(q, k, v, mask, bias)
-    structural, native_causal = _structural_mask(plan.lq, plan.lk, causal, window)
-    if softcap is not None and native_causal:  # the composed path has no is_causal
-        structural = _combine_masks(structural, np.tril(np.ones((plan.lq, plan.lk), bool)))
-        native_causal = False
-    combined = _combine_masks(mask, structural)
-    mask4 = _to_4d(combined, plan.batch, plan.heads, plan.lq, plan.lk)
-    bias4 = _to_4d(bias, plan.batch, plan.heads, plan.lq, plan.lk)
-    return plan, mask4, bias4, native_causal
 
 
 # ---------------------------------------------------------------- multi-head layers
@@ -437,7 +217,7 @@ class TensorflowBackend:
 
     # ------------------------------------------------------------ attention
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
         dtype = _dtype_name(q, k)
@@ -449,14 +229,14 @@ class TensorflowBackend:
             eye = np.broadcast_to(np.eye(lk, dtype=q.dtype), k.shape[:-1] + (lk,))
             return self.sdpa(q, k, eye, mask=mask, bias=bias, causal=causal,
                              scale=scale, window=window)
-        plan, mask4, bias4, _ = _prepare(q, k, k, mask, bias, causal, window, softcap)
+        plan, mask4, bias4, _ = cores.prepare(q, k, k, mask, bias, causal, window, softcap)
         key = ("weights", scale, softcap, plan.lead, _sig(q, k, mask4, bias4))
 
         def fn(qt, kt, mt, bt):
-            qh = _to_bthd(qt, plan.full(plan.heads, plan.lq, plan.dk), plan.b)
-            kh = _to_bthd(kt, plan.full(plan.kv_heads, plan.lk, plan.dk), plan.b)
-            s = _scale_tensor(scale, plan.dk, qh.dtype)
-            probs = _composed_probs(qh, kh, bt, mt, s, softcap)  # (B, N, T, S)
+            qh = cores.to_bthd(qt, plan.full(plan.heads, plan.lq, plan.dk), plan.b)
+            kh = cores.to_bthd(kt, plan.full(plan.kv_heads, plan.lk, plan.dk), plan.b)
+            s = cores.scale_tensor(scale, plan.dk, qh.dtype)
+            probs = cores.composed_probs(qh, kh, bt, mt, s, softcap)  # (B, N, T, S)
             return tf.reshape(probs, plan.lead + (plan.lq, plan.lk))
 
         out = self._run(key, fn, _tensor(q), _tensor(k), _tensor(mask4), _tensor(bias4))
@@ -464,17 +244,17 @@ class TensorflowBackend:
 
     def _sdpa_call(self, q, k, v, mask, bias, causal, scale, softcap, window):
         """Key, function and tensor arguments of one sdpa computation."""
-        plan, mask4, bias4, native_causal = _prepare(q, k, v, mask, bias, causal,
-                                                     window, softcap)
+        plan, mask4, bias4, native_causal = cores.prepare(q, k, v, mask, bias, causal,
+                                                          window, softcap)
         key = (scale, softcap, native_causal, plan.lead, _sig(q, k, v, mask4, bias4))
 
         def fn(qt, kt, vt, mt, bt):
-            return _attend(qt, kt, vt, mt, bt, plan=plan, scale=scale,
-                           native_causal=native_causal, softcap=softcap)
+            return cores.attend(qt, kt, vt, mt, bt, plan=plan, scale=scale,
+                                native_causal=native_causal, softcap=softcap)
 
         return key, fn, [_tensor(a) for a in (q, k, v, mask4, bias4)]
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
         dtype = _dtype_name(q, k, v)
@@ -484,7 +264,7 @@ class TensorflowBackend:
         key, fn, args = self._sdpa_call(q, k, v, mask, bias, causal, scale, softcap, window)
         return _numpy(self._run(("sdpa",) + key, fn, *args), dtype)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
         dtype = _dtype_name(q, k, v)
@@ -492,9 +272,9 @@ class TensorflowBackend:
             leaves = [_tensor(a) for a in (q, k, v, sink)]
             with tf.GradientTape() as tape:
                 tape.watch(leaves)
-                out = _composed_lse(*leaves[:3], mask=_bool(mask), bias=_tensor(bias),
-                                    sink=leaves[3], causal=causal, scale=scale,
-                                    softcap=softcap, window=window)[0]
+                out = cores.composed_lse(*leaves[:3], mask=_bool(mask), bias=_tensor(bias),
+                                         sink=leaves[3], causal=causal, scale=scale,
+                                         softcap=softcap, window=window)[0]
             grads = tape.gradient(out, leaves, output_gradients=_tensor(d_out))
             return tuple(_numpy(tf.zeros_like(x) if g is None else g, dtype)
                          for x, g in zip(leaves, grads))
@@ -520,25 +300,24 @@ class TensorflowBackend:
     @staticmethod
     def _composed(q, k, v, mask, bias, sink, causal, scale, softcap, window):
         """The composed (out, lse, P) of sdpa_lse and of sinks, eagerly."""
-        return _composed_lse(_tensor(q), _tensor(k), _tensor(v),
-                             mask=_bool(mask),
-                             bias=_tensor(bias), sink=_tensor(sink), causal=causal,
-                             scale=scale, softcap=softcap, window=window)
+        return cores.composed_lse(_tensor(q), _tensor(k), _tensor(v), mask=_bool(mask),
+                                  bias=_tensor(bias), sink=_tensor(sink), causal=causal,
+                                  scale=scale, softcap=softcap, window=window)
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
         dtype = _dtype_name(x, w_q, w_k, w_v)
         lead = x.shape[:-2]
         lx, dk, dv = x.shape[-2], w_k.shape[1], w_v.shape[1]
         probe = (np.empty(lead + (lx, dk), np.bool_), np.empty(lead + (lx, dv), np.bool_))
-        plan, mask4, _, native_causal = _prepare(probe[0], probe[0], probe[1], mask,
-                                                 None, causal, None, None)
+        plan, mask4, _, native_causal = cores.prepare(probe[0], probe[0], probe[1], mask,
+                                                      None, causal, None, None)
         key = ("self_attention", native_causal, plan.lead,
                _sig(x, w_q, w_k, w_v, mask4))
 
         def fn(xt, wq, wk, wv, mt):
             qt, kt, vt = (keras.ops.matmul(xt, w) for w in (wq, wk, wv))
-            return _attend(qt, kt, vt, mt, None, plan=plan, scale=None,
-                           native_causal=native_causal, softcap=None)
+            return cores.attend(qt, kt, vt, mt, None, plan=plan, scale=None,
+                                native_causal=native_causal, softcap=None)
 
         out = self._run(key, fn, *(_tensor(a) for a in (x, w_q, w_k, w_v, mask4)))
         return _numpy(out, dtype)
@@ -563,8 +342,8 @@ class TensorflowBackend:
         batch = tuple(np.broadcast_shapes(query.shape[:-2], key.shape[:-2],
                                           value.shape[:-2], mask_lead))
         b = math.prod(batch)
-        structural, native_causal = _structural_mask(lq, lk, causal, None)
-        combined = _combine_masks(mask, structural)
+        structural, native_causal = cores.structural_mask(lq, lk, causal, None)
+        combined = rules.and_masks(_bool(mask), structural)
         per_head = combined is not None and np.ndim(combined) >= 3 \
             and np.shape(combined)[-3] != 1
         layer_ok = not per_head and (hkv == h or (dh == dhv and eo == eq))
@@ -576,12 +355,12 @@ class TensorflowBackend:
         if layer_ok:
             mask3 = None
             if combined is not None:
-                m = _to_4d(combined, batch, 1, lq, lk)
+                m = cores.to_4d(combined, batch, 1, lq, lk)
                 mask3 = np.broadcast_to(m[:, 0], (b, lq, lk))
             out = self._mha_layer(inputs, mask3, native_causal, w_q, w_k, w_v, w_o,
                                   h, hkv, dh, dhv, dtype)
         else:
-            mask4 = _to_4d(combined, batch, h, lq, lk)
+            mask4 = cores.to_4d(combined, batch, h, lq, lk)
             out = self._mha_composed(inputs, mask4, native_causal, w_q, w_k, w_v, w_o,
                                      h, hkv, dh, dhv, dtype)
         return _numpy(tf.reshape(out, batch + (lq, eo)), dtype)
@@ -645,7 +424,7 @@ class TensorflowBackend:
                 kh = keras.ops.repeat(kh, h, axis=2)
                 vh = keras.ops.repeat(vh, h, axis=2)
             out = keras.ops.dot_product_attention(
-                qh, kh, vh, mask=mt, scale=_scale_tensor(None, dh, qh.dtype),
+                qh, kh, vh, mask=mt, scale=cores.scale_tensor(None, dh, qh.dtype),
                 is_causal=native_causal, flash_attention=None)
             return keras.ops.matmul(keras.ops.reshape(out, (b, lq, h * dhv)), wo)
 

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import _lengths
+from . import _torch_mha, rules
 
 _TORCH_DTYPES = {
     "float64": torch.float64,
@@ -62,8 +62,6 @@ _TORCH_DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
-
-_CAUSAL = (None, "top_left", "bottom_right")
 
 
 # ---------------------------------------------------------------- conversion
@@ -101,31 +99,10 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
 # ---------------------------------------------------------------- masks
 
 
-def _allowed(lq: int, lk: int, causal, window) -> torch.Tensor | None:
-    """Bool (Lq, Lk): True where causal and window allow query i to see key j."""
-    if causal not in _CAUSAL:
-        raise ValueError(f"causal must be one of {_CAUSAL}, got {causal!r}")
-    if causal is None and window is None:
-        return None
-    offset = lk - lq if causal == "bottom_right" else 0
-    pos = torch.arange(lq)[:, None] + offset
-    j = torch.arange(lk)[None, :]
-    ok = torch.ones(lq, lk, dtype=torch.bool)
-    if causal is not None:
-        ok &= j <= pos
-    if window is not None:
-        left, right = window
-        if left is not None and left >= 0:
-            ok &= j >= pos - left
-        if right is not None and right >= 0:
-            ok &= j <= pos + right
-    return ok
-
-
-def _and(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    if a is None:
-        return b
-    return a if b is None else a & b
+def _allowed(mask: torch.Tensor | None, lq: int, lk: int, causal, window):
+    """The bool mask and-ed with the keys causal and window allow (rules.allowed), or
+    None when there is neither."""
+    return rules.and_masks(mask, _mask_to_torch(rules.allowed(lq, lk, causal, window)))
 
 
 # ---------------------------------------------------------------- attention core
@@ -148,23 +125,31 @@ def _broadcast(q, k, v, mask, bias, gqa: bool):
     return tuple(t.expand(*lead, *t.shape[-cut:]) for t in (q, k, v))
 
 
+def _to_4d(t: torch.Tensor, rank: int, lead) -> torch.Tensor:
+    """(..., X, Y, Z) at the common rank -> (B, X, Y, Z), the batch dims ``lead`` flattened
+    into B: the layout of torch's fused kernels and of flex_attention."""
+    t = t.reshape((1,) * (rank - t.dim()) + tuple(t.shape))
+    if rank > 4:
+        t = t.expand(*lead, *t.shape[-3:]).reshape(-1, *t.shape[-3:])
+    return t
+
+
 def _attend(q, k, v, *, mask=None, bias=None, causal=None, scale=None,
             softcap=None, window=None) -> torch.Tensor:
     """The sdpa path on tensors: native SDPA, or composed when softcap is given."""
+    if softcap is not None:
+        return _composed_lse(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
+                             softcap=float(softcap), window=window)[0]
     gqa = _is_gqa(q, k)
     q, k, v = _broadcast(q, k, v, mask, bias, gqa)
     lq, lk = q.shape[-2], k.shape[-2]
-    scale = None if scale is None else float(scale)
-    if softcap is not None:
-        allowed = _and(mask, _allowed(lq, lk, causal, window))
-        return _composed(q, k, v, allowed, bias, scale, float(softcap), gqa)
-    kwargs = {"scale": scale, "enable_gqa": gqa}
+    kwargs = {"scale": None if scale is None else float(scale), "enable_gqa": gqa}
     if mask is None and bias is None and window is None and causal is not None:
         if causal == "top_left":
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kwargs)
         if causal == "bottom_right":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=_lower_right(lq, lk), **kwargs)
-    allowed = _and(mask, _allowed(lq, lk, causal, window))
+    allowed = _allowed(mask, lq, lk, causal, window)
     attn_mask = allowed
     if bias is not None:
         attn_mask = bias if allowed is None else torch.where(allowed, bias, -math.inf)
@@ -180,28 +165,6 @@ def _lower_right(lq: int, lk: int):
         # torch warns that Lq > Lk "will produce NaNs"; its SDPA gives zero rows instead.
         warnings.filterwarnings("ignore", message="Lower right causal bias")
         return causal_lower_right(lq, lk)
-
-
-def _composed(q, k, v, allowed, bias, scale, softcap, gqa) -> torch.Tensor:
-    """softmax(softcap(q kᵀ·scale) + bias, disallowed = -inf) v with torch ops."""
-    if softcap <= 0:
-        raise ValueError(f"softcap must be positive, got {softcap}")
-    if gqa:
-        group = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    s = softcap * torch.tanh(s / softcap)
-    if bias is not None:
-        s = s + bias
-    if allowed is not None:
-        # added, not filled, as SDPA does: a NaN score at a disallowed key stays NaN
-        s = s + torch.zeros((), dtype=s.dtype).masked_fill(~allowed, -math.inf)
-    empty = torch.isneginf(s).all(dim=-1, keepdim=True)
-    # rows with no allowed key get zero weights and zero gradients, as SDPA gives
-    p = torch.softmax(torch.where(empty, torch.zeros((), dtype=s.dtype), s), dim=-1)
-    p = torch.where(empty, torch.zeros((), dtype=s.dtype), p)
-    return torch.matmul(p, v)
 
 
 def _composed_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
@@ -222,7 +185,7 @@ def _composed_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scal
         s = softcap * torch.tanh(s / softcap)
     if bias is not None:
         s = s + bias
-    allowed = _and(mask, _allowed(lq, lk, causal, window))
+    allowed = _allowed(mask, lq, lk, causal, window)
     if allowed is not None:
         # added, not filled, as SDPA does: a NaN score at a disallowed key stays NaN
         s = s + torch.zeros((), dtype=s.dtype).masked_fill(~allowed, -math.inf)
@@ -233,16 +196,6 @@ def _composed_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scal
     zero = torch.zeros((), dtype=s.dtype)
     p = torch.where(empty, zero, torch.softmax(torch.where(empty, zero, s), dim=-1))
     return torch.matmul(p[..., :lk], v), lse
-
-
-def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """(..., L, heads*D) -> (..., heads, L, D); head h takes columns [h*D, (h+1)*D)."""
-    return x.unflatten(-1, (heads, x.shape[-1] // heads)).movedim(-2, -3)
-
-
-def _merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """(..., heads, L, D) -> (..., L, heads*D)."""
-    return x.movedim(-3, -2).flatten(-2)
 
 
 # ---------------------------------------------------------------- the backend
@@ -279,7 +232,6 @@ def _device_label(dev: torch.device) -> str:
     if dev.type == "cuda":
         return f"{dev} ({torch.cuda.get_device_name(dev)})"
     return str(dev)
-
 
 
 class TorchBackend:
@@ -322,6 +274,10 @@ class TorchBackend:
 
     #: whether sdpa_lse and sinks take the composed path (a kernel's own backend: no)
     composes_lse = True
+
+    #: whether multi_head_attention may run nn.MultiheadAttention (whose SDPA call is
+    #: not a flex_attention call: torch-flex composes every case)
+    mha_module = True
 
     #: True for kernels that exist only on CUDA (their default device is then cuda)
     cuda_only = False
@@ -395,7 +351,7 @@ class TorchBackend:
                                       f"{self.name}: no attention sink in the kernel")
         return _composed_lse
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None):
         with self._running():
@@ -413,7 +369,7 @@ class TorchBackend:
                                  softcap=softcap, window=window)
             return _to_numpy(p)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
         if sink is not None:
@@ -435,7 +391,7 @@ class TorchBackend:
                             softcap=softcap, window=window)
             return _to_numpy(out), _to_numpy(lse)
 
-    @_lengths.as_mask
+    @rules.lengths_as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
                  scale=None, softcap=None, window=None):
         path = None if sink is None else self._lse_path(sink)
@@ -466,59 +422,8 @@ class TorchBackend:
             dt = self._dtype(query)
             tq, tk, tv = (_to_torch(a, dt) for a in (query, key, value))
             ws = [_to_torch(w, dt) for w in (w_q, w_k, w_v, w_o)]
-            allowed = _and(_mask_to_torch(mask), _allowed(tq.shape[-2], tk.shape[-2], causal, None))
+            allowed = _allowed(_mask_to_torch(mask), tq.shape[-2], tk.shape[-2], causal, None)
             kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-            with torch.no_grad():
-                if kv_heads == num_heads and _module_fits(tq.shape[-1], num_heads, *ws):
-                    out = _mha_module(tq, tk, tv, ws, num_heads, allowed)
-                else:
-                    out = _mha_composed(tq, tk, tv, ws, num_heads, kv_heads, allowed,
-                                       self._attend)
+            out = _torch_mha.multi_head_attention(self._attend, tq, tk, tv, ws, num_heads,
+                                                  kv_heads, allowed, self.mha_module)
             return _to_numpy(out)
-
-
-# ---------------------------------------------------------------- multi-head attention
-
-
-def _module_fits(e_q: int, heads: int, w_q, w_k, w_v, w_o) -> bool:
-    """nn.MultiheadAttention needs H*Dh == H*Dhv == Eq == Eo (its embed_dim)."""
-    return (e_q % heads == 0 and w_q.shape[1] == e_q and w_k.shape[1] == e_q
-            and w_v.shape[1] == e_q and tuple(w_o.shape) == (e_q, e_q))
-
-
-def _mha_module(q, k, v, ws, heads, allowed):
-    """torch.nn.MultiheadAttention with our weights, on (B, L, E) inputs."""
-    w_q, w_k, w_v, w_o = ws
-    e_q, e_k, e_v = q.shape[-1], k.shape[-1], v.shape[-1]
-    mha = torch.nn.MultiheadAttention(e_q, heads, bias=False, kdim=e_k, vdim=e_v,
-                                      batch_first=True, dtype=q.dtype).eval()
-    if mha.in_proj_weight is not None:
-        mha.in_proj_weight.copy_(torch.cat([w_q.T, w_k.T, w_v.T]))
-    else:
-        mha.q_proj_weight.copy_(w_q.T)
-        mha.k_proj_weight.copy_(w_k.T)
-        mha.v_proj_weight.copy_(w_v.T)
-    mha.out_proj.weight.copy_(w_o.T)
-    extra = [] if allowed is None else [allowed.shape[:-3]]
-    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], *extra)
-    lq, lk = q.shape[-2], k.shape[-2]
-    q3, k3, v3 = (t.expand(*lead, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in (q, k, v))
-    attn_mask = None
-    if allowed is not None:
-        if allowed.dim() <= 2:
-            allowed = allowed.expand(lq, lk)
-        else:
-            allowed = allowed.expand(*lead, heads, lq, lk).reshape(-1, lq, lk)
-        attn_mask = ~allowed  # torch's bool attn_mask: True = NOT allowed
-    out, _ = mha(q3, k3, v3, attn_mask=attn_mask, need_weights=False)
-    return out.reshape(*lead, lq, out.shape[-1])
-
-
-def _mha_composed(q, k, v, ws, heads, kv_heads, allowed, attend=_attend):
-    """Projections, head split, the sdpa path (grouped-query via enable_gqa), W_o."""
-    w_q, w_k, w_v, w_o = ws
-    hq = _split_heads(torch.matmul(q, w_q), heads)
-    hk = _split_heads(torch.matmul(k, w_k), kv_heads)
-    hv = _split_heads(torch.matmul(v, w_v), kv_heads)
-    out = attend(hq, hk, hv, mask=allowed)
-    return torch.matmul(_merge_heads(out), w_o)

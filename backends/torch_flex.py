@@ -8,8 +8,9 @@ them and calls nothing else:
 
 - ``score_mod``: softcap ``c * tanh(s / c)``, then ``+ bias[b, h, q_idx, kv_idx]`` (the
   spec's order: scale, softcap, bias, mask; flex applies ``scale`` before score_mod);
-- ``mask_mod``: causal (top-left or bottom-right: ``kv_idx <= q_idx + offset``), the
-  window's two sides, and the boolean mask ``mask[b, h, q_idx, kv_idx]``, and-ed;
+- ``mask_mod``: the keys causal and window allow (``rules.allowed``, a (Lq, Lk) tensor
+  indexed at ``[q_idx, kv_idx]``) and the boolean mask ``mask[b, h, q_idx, kv_idx]``,
+  and-ed;
 - grouped-query through ``enable_gqa=True``; Dv != Dk is native.
 
 Inputs are brought to flex's (B, H, L, D) layout (rank 2 and 3 get leading 1s, batch
@@ -49,10 +50,8 @@ import torch
 import torch.nn.attention.flex_attention as flex_module
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
-from .torch import (TorchBackend, _allowed, _and, _broadcast, _is_gqa, _mask_to_torch,
-                    _mha_composed, _to_numpy, _to_torch)
-
-_CAUSAL = (None, "top_left", "bottom_right")
+from . import rules
+from .torch import TorchBackend, _broadcast, _is_gqa, _mask_to_torch, _to_4d
 
 
 @contextlib.contextmanager
@@ -90,18 +89,6 @@ def _hop_called_directly(direct: bool):
         flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = was
 
 
-def _open(side) -> bool:
-    return side is None or side < 0
-
-
-def _to_4d(t, rank, lead):
-    """(…, X, Y, Z) at the common rank -> (B, X, Y, Z), as the inputs are laid out."""
-    t = t.reshape((1,) * (rank - t.dim()) + tuple(t.shape))
-    if rank > 4:
-        t = t.expand(*lead, *t.shape[-3:]).reshape(-1, *t.shape[-3:])
-    return t
-
-
 def _score_mod(softcap, bias):
     if softcap is None and bias is None:
         return None
@@ -116,23 +103,18 @@ def _score_mod(softcap, bias):
     return score_mod
 
 
-def _mask_mod(mask, causal, window, offset):
-    if mask is None and causal is None and window is None:
+def _mask_mod(mask, allowed):
+    """flex's mask_mod: the keys causal and window allow (rules.allowed, (Lq, Lk)) and the
+    boolean mask (B, H, Lq, Lk), and-ed; None when there is neither."""
+    if mask is None and allowed is None:
         return None
-    left, right = window if window is not None else (None, None)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        pos = q_idx + offset
-        ok = kv_idx >= 0
-        if causal is not None:
-            ok = ok & (kv_idx <= pos)
-        if not _open(left):
-            ok = ok & (kv_idx >= pos - left)
-        if not _open(right):
-            ok = ok & (kv_idx <= pos + right)
-        if mask is not None:
-            ok = ok & mask[b, h, q_idx, kv_idx]
-        return ok
+        if mask is None:
+            return allowed[q_idx, kv_idx]
+        if allowed is None:
+            return mask[b, h, q_idx, kv_idx]
+        return allowed[q_idx, kv_idx] & mask[b, h, q_idx, kv_idx]
 
     return mask_mod
 
@@ -142,6 +124,8 @@ class TorchFlexBackend(TorchBackend):
 
     name = "torch-flex"
     compiled = False
+    mha_module = False
+
     def _lse_path(self, sink):
         """flex's own lse; a sink folded in around it: lse' = logaddexp(lse, sink) and
         out' = out exp(lse - lse') (flex has no sink: composed on its native lse)."""
@@ -206,8 +190,7 @@ class TorchFlexBackend(TorchBackend):
     def _attend(self, q, k, v, *, mask=None, bias=None, causal=None, scale=None,
                 softcap=None, window=None, lse=False):
         """flex_attention's output (and, with lse, its log-sum-exp: AuxRequest(lse=True))."""
-        if causal not in _CAUSAL:
-            raise ValueError(f"causal must be one of {_CAUSAL}, got {causal!r}")
+        allowed = _mask_to_torch(rules.allowed(q.shape[-2], k.shape[-2], causal, window))
         if softcap is not None and softcap <= 0:
             raise ValueError(f"softcap must be positive, got {softcap}")
         gqa = _is_gqa(q, k)
@@ -221,9 +204,7 @@ class TorchFlexBackend(TorchBackend):
         full = (b, hq, lq, lk)     # flex's mods index the scores' own (b, h, q, kv)
         mask4 = None if mask is None else _to_4d(mask, rank, lead).expand(full)
         bias4 = None if bias is None else _to_4d(bias, rank, lead).expand(full)
-        offset = lk - lq if causal == "bottom_right" else 0
-        window = None if window is None else tuple(window)
-        mask_mod = _mask_mod(mask4, causal, window, offset)
+        mask_mod = _mask_mod(mask4, allowed)
         block_mask = None
         if mask_mod is not None:
             batched = mask4 is not None
@@ -253,20 +234,6 @@ class TorchFlexBackend(TorchBackend):
     def scores(self, q, k, *, kind, scale=None, w=None, u=None, v=None):
         raise NotImplementedError(f"{self.name}: scores call no flex_attention "
                                   "(certified by the torch backend)")
-
-    def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
-                             num_kv_heads=None, mask=None, causal=None):
-        with self._running():
-            dt = self._dtype(query)
-            tq, tk, tv = (_to_torch(a, dt) for a in (query, key, value))
-            ws = [_to_torch(w, dt) for w in (w_q, w_k, w_v, w_o)]
-            allowed = _and(_mask_to_torch(mask),
-                           _allowed(tq.shape[-2], tk.shape[-2], causal, None))
-            kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-            with torch.no_grad():
-                out = _mha_composed(tq, tk, tv, ws, num_heads, kv_heads, allowed,
-                                    self._attend)
-            return _to_numpy(out)
 
 
 class TorchFlexCompiledBackend(TorchFlexBackend):

@@ -29,7 +29,7 @@ import warnings
 
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .torch import TorchBackend, _attend, _broadcast, _is_gqa
+from .torch import TorchBackend, _attend, _broadcast, _is_gqa, _to_4d
 
 _REFUSED = ("No available kernel", "No viable backend for scaled_dot_product_attention")
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
@@ -57,18 +57,11 @@ def _attend_4d(q, k, v, *, mask=None, bias=None, **params):
     rank = max(q.dim(), 4)
     lead = q.shape[:-3] if q.dim() > 3 else ()
 
-    def four(t, scores=False):
-        if t is None or (scores and t.dim() <= 2):
-            return t
-        t = t.reshape((1,) * (rank - t.dim()) + tuple(t.shape))
-        if rank > 4:
-            if scores:   # broadcast over the batch dims that are flattened into B
-                t = t.expand(*lead, *t.shape[-3:])
-            t = t.reshape(-1, *t.shape[-3:])
-        return t
+    def scores(t):
+        return t if t is None or t.dim() <= 2 else _to_4d(t, rank, lead)
 
-    out = _attend(four(q), four(k), four(v), mask=four(mask, True), bias=four(bias, True),
-                  **params)
+    q4, k4, v4 = (_to_4d(t, rank, lead) for t in (q, k, v))
+    out = _attend(q4, k4, v4, mask=scores(mask), bias=scores(bias), **params)
     return out.reshape(*q.shape[:-1], out.shape[-1])
 
 

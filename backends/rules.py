@@ -1,0 +1,225 @@
+"""Rules every attention adapter needs, written once: which keys a query may see, the
+per-batch lengths folded into one boolean mask, and the layout that folds the
+interface's ``(*batch, heads, L, D)`` arrays into a framework's 4-D one.
+
+Public for adapter authors, inside this project or outside it: import
+``attention_conformance.backends.rules``. It needs NumPy only; importing it imports no
+framework and nothing of the suite. The names below are stable.
+
+Which keys query i may see (docs/interface.md, step 4 of the score pipeline):
+
+- query i sits at position ``p = i + offset``; the offset is ``Lk - Lq`` under
+  ``causal="bottom_right"`` (``kv_lengths[b] - q_lengths[b]`` with lengths), else 0;
+- ``causal`` allows the keys ``j <= p``;
+- ``window=(left, right)`` allows ``p - left <= j <= p + right``; a side that is None or
+  negative is open.
+
+Functions and classes:
+
+- ``allowed(lq, lk, causal, window)``: that rule as a boolean ``(Lq, Lk)`` array;
+- ``causal_offset``, ``window_sides``, ``check_causal``: its parts, for an adapter that
+  passes its framework's own flags (``is_causal``, a window size) instead of a mask;
+- ``and_masks(*masks)``: the positions every given mask allows;
+- ``compose_lengths``, ``zero_padded_rows``, ``lengths_as_mask``: ``q_lengths`` and
+  ``kv_lengths`` for a framework that takes a boolean mask but no lengths;
+- ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+#: the values of ``causal``
+CAUSAL = (None, "top_left", "bottom_right")
+
+
+# ---------------------------------------------------------------- which keys a query sees
+
+
+def check_causal(causal) -> None:
+    """Raise ValueError unless causal is one of CAUSAL."""
+    if causal not in CAUSAL:
+        raise ValueError(f"causal must be one of {CAUSAL}, got {causal!r}")
+
+
+def causal_offset(lq: int, lk: int, causal) -> int:
+    """Where query 0 sits among the keys: Lk - Lq under bottom_right, else 0."""
+    return lk - lq if causal == "bottom_right" else 0
+
+
+def window_sides(window) -> tuple:
+    """(left, right) of a window as ints, None for an open side (None or negative)."""
+    if window is None:
+        return None, None
+    return tuple(None if side is None or side < 0 else int(side) for side in window)
+
+
+def allowed(lq: int, lk: int, causal=None, window=None, *, offset=None):
+    """Bool (Lq, Lk): True where query i may see key j under causal and window; None when
+    neither is given.
+
+    ``offset`` (default ``causal_offset(lq, lk, causal)``) places query 0 among the keys;
+    an integer array of shape (B, 1, 1) gives each batch element its own, and the result
+    is then (B, Lq, Lk).
+    """
+    check_causal(causal)
+    if causal is None and window is None:
+        return None
+    position = np.arange(lq)[:, None] + (causal_offset(lq, lk, causal) if offset is None
+                                         else offset)
+    key = np.arange(lk)
+    keep = np.ones(np.broadcast_shapes(np.shape(position), (lk,)), dtype=bool)
+    left, right = window_sides(window)
+    if causal is not None:
+        keep &= key <= position
+    if left is not None:
+        keep &= key >= position - left
+    if right is not None:
+        keep &= key <= position + right
+    return keep
+
+
+def and_masks(*masks):
+    """The positions every given boolean mask allows (``&``, broadcast), None when none is
+    given. Works on NumPy arrays and on a framework's boolean tensors alike."""
+    present = [m for m in masks if m is not None]
+    return functools.reduce(lambda a, b: a & b, present) if present else None
+
+
+# ---------------------------------------------------------------- per-batch lengths
+
+
+def _lengths(lengths, batch: int, size: int) -> np.ndarray:
+    if lengths is None:
+        return np.full(batch, size, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.shape != (batch,) or np.any(lengths < 0) or np.any(lengths > size):
+        raise ValueError(f"lengths {lengths.tolist()} do not fit a batch of {batch} "
+                         f"with {size} tokens")
+    return lengths
+
+
+def compose_lengths(q_shape, k_shape, mask, causal, window, q_lengths, kv_lengths):
+    """(mask, padded): one boolean mask (B, 1.., Lq, Lk) that holds the given mask, the
+    lengths, causal and window; padded (B, 1.., Lq, 1) marks the padded queries.
+
+    Batch element b (dim 0) has its first q_lengths[b] queries and kv_lengths[b] keys; a
+    key past its length is disallowed, and under bottom_right the offset is
+    kv_lengths[b] - q_lengths[b]. A padded query's row allows the valid keys (every key
+    when there is none), so that no row is emptied on its account: its output is set to
+    0 afterwards (zero_padded_rows).
+    """
+    rank = max(len(q_shape), len(k_shape))
+    if rank < 3:
+        raise ValueError("q_lengths and kv_lengths need a batch dim")
+    batch, lq, lk = q_shape[0], q_shape[-2], k_shape[-2]
+    q_len = _lengths(q_lengths, batch, lq)[:, None, None]
+    kv_len = _lengths(kv_lengths, batch, lk)[:, None, None]
+    valid_keys = np.broadcast_to(np.arange(lk) < kv_len, (batch, lq, lk))
+    offset = kv_len - q_len if causal == "bottom_right" else 0
+    keep = and_masks(valid_keys, allowed(lq, lk, causal, window, offset=offset))
+    lead = (batch,) + (1,) * (rank - 3)
+    keep = keep.reshape(lead + (lq, lk))
+    if mask is not None:
+        keep = keep & np.asarray(mask, dtype=bool)
+    padded = (np.arange(lq)[:, None] >= q_len).reshape(lead + (lq, 1))
+    open_row = (valid_keys | (kv_len == 0)).reshape(lead + (lq, lk))
+    return np.where(padded, open_row, keep), padded
+
+
+def zero_padded_rows(x, padded):
+    """x with the rows of padded queries set to 0, in x's own dtype."""
+    x = np.asarray(x)
+    return np.where(padded, np.zeros((), dtype=x.dtype), x)
+
+
+def lengths_as_mask(method):
+    """Wrap an adapter's attention_weights, sdpa or sdpa_vjp for a framework without
+    lengths: with q_lengths or kv_lengths, call it with the composed mask (causal and
+    window folded in) and zero the padded rows of what it returns; without, call it as
+    it is."""
+    vjp = method.__name__ == "sdpa_vjp"
+
+    @functools.wraps(method)
+    def wrapper(self, q, k, *arrays, mask=None, causal=None, window=None, q_lengths=None,
+                kv_lengths=None, **params):
+        if q_lengths is None and kv_lengths is None:
+            return method(self, q, k, *arrays, mask=mask, causal=causal, window=window,
+                          **params)
+        mask, padded = compose_lengths(np.shape(q), np.shape(k), mask, causal, window,
+                                       q_lengths, kv_lengths)
+        q = zero_padded_rows(q, padded)
+        if vjp:
+            v, d_out = arrays
+            arrays = (v, zero_padded_rows(d_out, padded))
+        result = method(self, q, k, *arrays, mask=mask, causal=None, window=None, **params)
+        if vjp:                       # (dq, dk, dv), and d_sink with a sink
+            return (zero_padded_rows(result[0], padded),) + tuple(result[1:])
+        return zero_padded_rows(result, padded)
+
+    return wrapper
+
+
+# ---------------------------------------------------------------- layout
+
+
+def _shape(x, rank: int) -> tuple:
+    return (1,) * (rank - len(x.shape)) + tuple(x.shape)
+
+
+class Layout:
+    """The shapes that fold interface arrays into a framework's 4-D ``(B, H, L, D)``.
+
+    The interface's q, k, v are ``(*batch, heads, L, D)``, its mask and bias broadcast to
+    the scores ``(*batch, Hq, Lq, Lk)``. Here the batch dims broadcast (NumPy rules) and
+    are flattened into B, and the query heads Hq are a multiple of the key/value heads
+    Hkv (grouped-query: query head h reads kv head h // (Hq / Hkv)). Arrays of any
+    framework with ``shape`` and ``reshape`` fold, given its ``broadcast_to``.
+
+    Attributes: ``batch`` (the broadcast batch dims), ``b`` (their product), ``hq``,
+    ``hkv``, ``lq``, ``lk``.
+    """
+
+    def __init__(self, q, k, v, mask=None, bias=None):
+        arrays = [x for x in (q, k, v, mask, bias) if x is not None]
+        self._rank_out = max(2, *(len(x.shape) for x in arrays))
+        rank = max(3, self._rank_out)
+        q, k, v, *extras = (_shape(x, rank) for x in arrays)
+        hq = np.broadcast_shapes(*((s[-3],) for s in (q, *extras)))[0]
+        hkv = np.broadcast_shapes((k[-3],), (v[-3],))[0]
+        if hq == 1:
+            hq = hkv
+        if hq % hkv:
+            raise ValueError(f"{hq} query heads cannot share {hkv} key/value heads")
+        self.batch = tuple(np.broadcast_shapes(*(s[:-3] for s in (q, k, v, *extras))))
+        self.b = math.prod(self.batch)
+        self.hq, self.hkv, self.lq, self.lk = hq, hkv, q[-2], k[-2]
+
+    def fold(self, q, k, v, broadcast_to):
+        """q, k, v as (B, Hq, Lq, Dk), (B, Hkv, Lk, Dk), (B, Hkv, Lk, Dv)."""
+        return tuple(self._heads(x, heads, broadcast_to)
+                     for x, heads in ((q, self.hq), (k, self.hkv), (v, self.hkv)))
+
+    def _heads(self, x, heads, broadcast_to):
+        x = x.reshape(_shape(x, len(self.batch) + 3))
+        x = broadcast_to(x, self.batch + (heads,) + tuple(x.shape[-2:]))
+        return x.reshape((self.b, heads) + tuple(x.shape[-2:]))
+
+    def scores(self, x, broadcast_to, *, every_row=False):
+        """A mask or bias as (B, 1 or Hq, 1 or Lq, Lk), broadcastable to the scores (with
+        every_row, (B, 1 or Hq, Lq, Lk)); None stays None."""
+        if x is None:
+            return None
+        x = x.reshape(_shape(x, len(self.batch) + 3))
+        heads = 1 if x.shape[-3] == 1 else self.hq
+        rows = self.lq if every_row else x.shape[-2]
+        x = broadcast_to(x, self.batch + (heads, rows, self.lk))
+        return x.reshape((self.b, heads, rows, self.lk))
+
+    def restore(self, y):
+        """(B, H, Lq, X) -> (*batch, H, Lq, X), at the rank the inputs broadcast to."""
+        full = self.batch + tuple(y.shape[1:])
+        return y.reshape(full[len(full) - self._rank_out:])

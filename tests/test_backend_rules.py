@@ -1,0 +1,156 @@
+"""attention_conformance.backends.rules: the rules the adapters share (which keys a query
+may see, lengths as one mask, the 4-D layout), checked against the interface's own
+words, element by element, and the guide's example run as it is shown."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attention_conformance.backends import rules
+
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "adding-a-backend.md"
+
+
+def sees(i, j, lq, lk, causal, window) -> bool:
+    """docs/interface.md, one query and one key: query i sits at p = i + (Lk - Lq under
+    bottom_right, else 0); causal allows j <= p, a window p - left <= j <= p + right,
+    a side None or negative being open."""
+    p = i + (lk - lq if causal == "bottom_right" else 0)
+    left, right = window if window is not None else (None, None)
+    return ((causal is None or j <= p)
+            and (left is None or left < 0 or j >= p - left)
+            and (right is None or right < 0 or j <= p + right))
+
+
+def test_importing_rules_imports_no_framework_and_nothing_of_the_suite():
+    code = ("import sys, attention_conformance.backends.rules\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'jax', 'tensorflow', 'keras', 'paddle', 'onnx', 'onnxruntime')"
+            " or m.startswith('attention_conformance.') and m not in "
+            "('attention_conformance.backends', 'attention_conformance.backends.rules')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+WINDOWS = [None, (0, 0), (1, None), (None, 2), (2, 1), (-1, 1), (3, -5)]
+
+
+@pytest.mark.parametrize("causal, window",
+                         list(itertools.product(rules.CAUSAL, WINDOWS)))
+def test_allowed_is_the_rule_of_the_interface(causal, window):
+    for lq, lk in [(1, 1), (3, 3), (2, 5), (5, 2), (4, 0), (0, 3)]:
+        got = rules.allowed(lq, lk, causal, window)
+        if causal is None and window is None:
+            assert got is None
+            continue
+        want = np.array([[sees(i, j, lq, lk, causal, window) for j in range(lk)]
+                         for i in range(lq)], dtype=bool).reshape(lq, lk)
+        assert got.dtype == bool and np.array_equal(got, want), (lq, lk)
+
+
+def test_an_unknown_causal_alignment_is_refused():
+    with pytest.raises(ValueError, match="causal must be one of"):
+        rules.allowed(2, 2, "bottom_left")
+
+
+@pytest.mark.parametrize("causal, window", [(None, None), ("top_left", None),
+                                            ("bottom_right", None), ("bottom_right", (1, 0)),
+                                            (None, (0, 1))])
+def test_compose_lengths_gives_each_batch_element_its_own_problem(causal, window):
+    q_lengths, kv_lengths = [3, 1, 0, 2], [5, 2, 3, 0]
+    lq, lk = 4, 6
+    mask = np.random.default_rng(0).random((4, 1, lq, lk)) < 0.8
+    got, padded = rules.compose_lengths((4, 2, lq, 8), (4, 2, lk, 8), mask, causal, window,
+                                        q_lengths, kv_lengths)
+    assert got.shape == (4, 1, lq, lk) and padded.shape == (4, 1, lq, 1)
+    for b, (ql, kl) in enumerate(zip(q_lengths, kv_lengths)):
+        for i, j in itertools.product(range(lq), range(lk)):
+            if i >= ql:            # padded: the valid keys, every key when there is none
+                want = j < kl or kl == 0
+            else:                  # the element alone: its own ql queries and kl keys
+                want = j < kl and mask[b, 0, i, j] and sees(i, j, ql, kl, causal, window)
+            assert got[b, 0, i, j] == want, (b, i, j)
+        assert np.array_equal(padded[b, 0, :, 0], np.arange(lq) >= ql)
+
+
+def test_lengths_that_do_not_fit_are_refused():
+    with pytest.raises(ValueError, match="do not fit"):
+        rules.compose_lengths((2, 3, 4), (2, 5, 4), None, None, None, [1, 4], None)
+
+
+def test_layout_folds_broadcast_batch_dims_and_grouped_heads_and_restores():
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 1, 4, 3, 5))         # batch (2, 1), 4 query heads
+    k = rng.standard_normal((3, 2, 6, 5))            # batch (3,), 2 kv heads
+    v = rng.standard_normal((2, 6, 7))               # no batch
+    mask = rng.random((1, 4, 1, 6)) < 0.5            # per query head, one row
+    lay = rules.Layout(q, k, v, mask)
+    assert (lay.batch, lay.b, lay.hq, lay.hkv, lay.lq, lay.lk) == ((2, 3), 6, 4, 2, 3, 6)
+    fq, fk, fv = lay.fold(q, k, v, np.broadcast_to)
+    assert (fq.shape, fk.shape, fv.shape) == ((6, 4, 3, 5), (6, 2, 6, 5), (6, 2, 6, 7))
+    for b, (b0, b1) in enumerate(itertools.product(range(2), range(3))):
+        assert np.array_equal(fq[b], q[b0, 0]) and np.array_equal(fk[b], k[b1])
+        assert np.array_equal(fv[b], v)
+    assert lay.scores(mask, np.broadcast_to).shape == (6, 4, 1, 6)
+    assert lay.scores(mask, np.broadcast_to, every_row=True).shape == (6, 4, 3, 6)
+    assert lay.scores(None, np.broadcast_to) is None
+    out = np.arange(6 * 4 * 3 * 7).reshape(6, 4, 3, 7)
+    assert np.array_equal(lay.restore(out), out.reshape(2, 3, 4, 3, 7))
+
+
+def test_layout_restores_the_rank_of_the_inputs():
+    q = np.zeros((3, 5))                             # rank 2: (L, D), one head
+    lay = rules.Layout(q, q, q)
+    fq, _, _ = lay.fold(q, q, q, np.broadcast_to)
+    assert fq.shape == (1, 1, 3, 5) and lay.restore(fq).shape == (3, 5)
+
+
+def test_layout_broadcasts_one_query_head_over_the_kv_heads():
+    q, kv = np.zeros((2, 1, 3, 5)), np.zeros((2, 4, 6, 5))
+    lay = rules.Layout(q, kv, kv)
+    assert (lay.hq, lay.hkv) == (4, 4)
+    assert lay.fold(q, kv, kv, np.broadcast_to)[0].shape == (2, 4, 3, 5)
+
+
+def test_layout_refuses_heads_that_cannot_share():
+    with pytest.raises(ValueError, match="3 query heads cannot share 2"):
+        rules.Layout(np.zeros((3, 2, 4)), np.zeros((2, 2, 4)), np.zeros((2, 2, 4)))
+
+
+def _masked_attention(q, k, v, mask=None, scale=None):
+    """Plain attention that takes a boolean mask and nothing else; a row without keys
+    gets zeros."""
+    s = (q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
+    s = np.where(mask, s, -np.inf) if mask is not None else s
+    with np.errstate(invalid="ignore"):
+        p = np.exp(s - np.max(s, axis=-1, keepdims=True, initial=-np.inf))
+        p = np.nan_to_num(p / p.sum(axis=-1, keepdims=True))
+    return p @ v
+
+
+def test_the_guide_example_certifies_lengths_through_a_mask_only_op():
+    """The guide's adapter, run as shown: each batch element gets its own problem (its
+    q_lengths[b] queries and kv_lengths[b] keys, bottom-right at its own offset), and a
+    padded query's row is 0."""
+    section = GUIDE.read_text().split("## Shared helpers: attention_conformance.backends.rules")[1]
+    example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace = {"my_attention": _masked_attention}
+    exec(example, namespace)
+    backend = namespace["MaskOnlyBackend"]()
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 1, n, 3)) for n in (4, 5, 5))
+    out = backend.sdpa(q, k, v, causal="bottom_right", q_lengths=[2, 4], kv_lengths=[5, 3])
+    for b, (ql, kl) in enumerate([(2, 5), (4, 3)]):
+        alone = np.array([[sees(i, j, ql, kl, "bottom_right", None) for j in range(kl)]
+                          for i in range(ql)])
+        want = _masked_attention(q[b, :, :ql], k[b, :, :kl], v[b, :, :kl], alone)
+        assert np.allclose(out[b, :, :ql], want)
+        assert not out[b, :, ql:].any()
