@@ -14,9 +14,12 @@ import dataclasses
 import json
 import shutil
 
+import numpy as np
 import pytest
 
+from _cli_support import cli as cli_process
 from attention_conformance import api, cli
+from attention_conformance.golden.inputs import build_inputs
 from attention_conformance.model.case import Case
 from attention_conformance.model.folder import default_folder
 from attention_conformance.specs import cache as spec_cache, loader as spec_loader
@@ -90,6 +93,14 @@ def test_a_tampered_entry_is_a_miss_not_code(cache, tmp_path):
     [entry] = cache.glob("*.json")
     entry.write_text(json.dumps({"format": "something else"}))
     assert [c.id for c in load_spec(folder, cache=True).cases] == ["tiny-softmax"]
+
+
+def test_a_value_json_cannot_keep_bit_for_bit_is_never_cached(cache):
+    signed_nan = -np.float64(np.nan).item()          # what PyYAML's .nan is on x86
+    spec_cache.write("k" * 64, "tiny", [(3, {"id": "x", "value": signed_nan})])
+    assert not list(cache.glob("*.json"))
+    spec_cache.write("k" * 64, "tiny", [(3, {"id": "x", "value": float("nan")})])
+    assert list(cache.glob("*.json"))
 
 
 def test_off_disables_the_cache(monkeypatch, tmp_path):
@@ -222,3 +233,46 @@ def test_the_api_reads_the_cache(cache, counted, worked_examples_spec):
     case = api.load_case("unnormalised-scores-softmax", spec_dir=worked_examples_spec)
     assert case.op == "softmax"
     assert counted["hits"] == 1 and counted["static_errors"] == 0, counted
+
+
+def _nonfinite_cases(spec):
+    """The cases whose inputs hold a NaN or an infinity somewhere in their YAML."""
+    return [c for c in spec.cases if "nan" in repr(c.inputs) or "inf" in repr(c.inputs)]
+
+
+def _input_bits(cases) -> dict:
+    """(case, variant, input) -> the bytes of the input as generated (not the in-process
+    memo of generated_inputs, whose key, repr(), is blind to a NaN's sign)."""
+    return {(c.id, v.label, name): array.tobytes() for c in cases for v in c.variants
+            for name, array in build_inputs(c.inputs, v.dims).items()}
+
+
+def test_inputs_are_the_same_bits_with_a_cold_or_a_warm_cache(cache, counted):
+    """PyYAML's NaN has the CPU's sign (set on x86), JSON's has it clear: a case whose
+    inputs hold NaN gave the backend other bits on a cold cache than on a warm one."""
+    cold = _nonfinite_cases(load_spec(CASES_DIR, cache=True))
+    assert counted["hits"] == 0
+    warm = _nonfinite_cases(load_spec(CASES_DIR, cache=True))
+    assert counted["hits"] == counted["read"] // 2 > 0, counted
+    assert len(cold) > 20 and [c.id for c in cold] == [c.id for c in warm]
+    cold_bits, warm_bits = _input_bits(cold), _input_bits(warm)
+    differing = sorted(k for k in cold_bits if cold_bits[k] != warm_bits[k])
+    assert not differing, f"{len(differing)} inputs differ, e.g. {differing[:3]}"
+    nan = np.float64(np.nan).tobytes()
+    assert any(nan in bits for bits in cold_bits.values())
+
+
+def test_two_exports_cold_and_warm_are_the_same_bytes(cache, tmp_path):
+    """As a user runs them: each export in a fresh process, the first on an empty cache."""
+    picked = [arg for c in _nonfinite_cases(load_spec(CASES_DIR)) for arg in ("--case", c.id)]
+    files = {}
+    for run in ("cold", "warm"):
+        done = cli_process("export", tmp_path / run, *picked,
+                           env={"ATTENTION_CONFORMANCE_CACHE": str(cache)})
+        assert done.returncode == 0, done.stderr
+        files[run] = {p.relative_to(tmp_path / run): p.read_bytes()
+                      for p in sorted((tmp_path / run).rglob("*")) if p.is_file()}
+        assert list(cache.glob("*.json")), "the cold export fills the cache"
+    assert len(files["cold"]) > 100 and files["cold"].keys() == files["warm"].keys()
+    differing = [str(p) for p in files["cold"] if files["cold"][p] != files["warm"][p]]
+    assert not differing, f"{len(differing)} files differ, e.g. {differing[:3]}"
