@@ -18,6 +18,7 @@ from .model.dtypes import DTYPES
 from .golden.store import GoldenError
 from .model.ops import OPS
 from .plugin import PROFILES
+from .model.files import write_file
 from .model.folder import SpecFolder
 from .specs.loader import load_spec
 
@@ -193,6 +194,12 @@ def certify_argv(args, passthrough) -> list[str]:
 def _certify(args, passthrough) -> int:
     import pytest
 
+    from .reports.markdown import report_problem
+
+    problem = report_problem(args.report)
+    if problem:                 # before pytest: no backend is started for nothing
+        _err(f"ERROR: {problem}")
+        return int(pytest.ExitCode.USAGE_ERROR)
     argv = certify_argv(args, passthrough)
     if args.show_command:
         print("pytest " + " ".join(argv))
@@ -256,9 +263,13 @@ def _report(args) -> int:
              "make them with: attention-conformance certify BACKEND --report "
              f"{directory}")
         return 1
-    print(matrix_markdown(results, brief=True), end="")
     out = Path(args.output) if args.output else directory
-    paths = write_matrix(results, out)
+    try:
+        paths = write_matrix(results, out)
+    except OSError as exc:
+        _err(f"report: {exc}")
+        return 2
+    print(matrix_markdown(results, brief=True), end="")
     print(f"\nmatrix of {len(results)} backends: " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -297,11 +308,14 @@ def _fuzz(args) -> int:
     print(report.text(command), end="")
     if report.failure and args.save:
         path = Path(args.save)
-        path.parent.mkdir(parents=True, exist_ok=True)
         topic = re.sub(r"[^a-z0-9_-]", "_", path.stem.lower())
         if topic != path.stem or path.suffix != ".yaml":
             path = path.with_name(f"{topic}.yaml")   # a case file's topic is its name
-        path.write_text(case_file_yaml([report.failure.doc], topic=topic))
+        try:
+            write_file(path, case_file_yaml([report.failure.doc], topic=topic))
+        except OSError as exc:
+            _err(f"fuzz: not saved: {exc}")
+            return 1
         _err(f"saved as a case file: {path}")
     return 1 if report.failure else 0
 

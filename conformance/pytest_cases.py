@@ -29,7 +29,7 @@ from .model.folder import SpecFolder
 from .model.text import printable
 from .process.judge_proxy import JudgeProxy
 from .process.protocol import JudgeOptions
-from .reports.markdown import summary_lines, write_backend_report
+from .reports.markdown import report_problem, summary_lines, write_backend_report
 from .reports.results import ResultLog, record_for
 from .specs.expected import ExpectedFailures, expected_for
 from .specs.loader import SpecError, load_spec
@@ -138,6 +138,9 @@ def start(config, early=None):
             config.pluginmanager.register(_AskAsTheyCome(), "attention-conformance-xdist")
     except (BackendLoadError, SpecError, OSError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    problem = report_problem(config.getoption("report"))
+    if problem:     # before the first test (the judge, started, ends at unconfigure)
+        raise pytest.UsageError(problem)
     stray = _errors_outside_case_files(config.stash[_STATE])
     if stray:   # no test item could carry them: the spec folder itself is unusable
         raise pytest.UsageError("\n".join(str(e) for e in stray))
@@ -473,7 +476,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             f"{len(missing)} selected tests never ran (the report says so)")
     directory = config.getoption("report")
     if directory:
-        paths = write_backend_report(state.log, Path(directory))
+        try:
+            paths = write_backend_report(state.log, Path(directory))
+        except OSError as exc:
+            terminalreporter.write_line(f"report: NOT WRITTEN: {exc}")
+            return
         terminalreporter.write_line("report: " + ", ".join(str(p) for p in paths))
 
 

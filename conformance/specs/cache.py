@@ -20,8 +20,9 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 from pathlib import Path
+
+from ..model.files import write_file
 
 _FORMAT = "spec-cache-1"
 
@@ -75,11 +76,7 @@ def write(key: str, topic: str, cases: list[tuple[int, dict]]) -> None:
     if not _same(json.loads(text), entry):   # e.g. a non-string key: validate every time
         return
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False,
-                                         suffix=".tmp") as handle:
-            handle.write(text)
-        os.replace(handle.name, folder / f"{key}.json")
+        write_file(folder / f"{key}.json", text)
     except OSError:
         pass
 
