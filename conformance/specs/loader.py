@@ -19,7 +19,7 @@ from ..model.folder import SpecFolder, default_folder
 from .schema import schema_errors, schema_validator
 from .yaml_reader import MAX_FILE_BYTES, SpecError, parse_yaml
 from ..model.tolerances import load_tolerances
-from .validation import TOPIC_PATTERN, static_errors
+from .validation import TOPIC_PATTERN, planned_limit, static_errors
 
 
 def _variants(raw) -> tuple[Variant, ...]:
@@ -144,11 +144,18 @@ def _admit(spec: Spec, case: Case, seen: dict, check_case) -> None:
 
 
 def _from_cache(name: str, key: str) -> list[Case] | None:
+    """The cases of a file's cache entry, or None (a miss: the file validates in full):
+    no entry, one this code did not write (spec_cache), or one whose cases are not
+    cases or pass a limit."""
     stored = spec_cache.read(key)
     if stored is None:
         return None
-    return [_case(entry["data"], stored["topic"], name, entry["line"])
-            for entry in stored["cases"]]
+    try:
+        cases = [_case(entry["data"], stored["topic"], name, entry["line"])
+                 for entry in stored["cases"]]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return None if any(planned_limit(case) for case in cases) else cases
 
 
 def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
