@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 import signal
 import threading
 import warnings
@@ -138,7 +139,7 @@ def start(config, early=None):
             config.pluginmanager.register(_AskAsTheyCome(), "attention-conformance-xdist")
     except (BackendLoadError, SpecError, OSError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    problem = report_problem(config.getoption("report"))
+    problem = report_problem(config.getoption("report")) or _pytest_file_in_spec(config)
     if problem:     # before the first test (the judge, started, ends at unconfigure)
         raise pytest.UsageError(problem)
     stray = _errors_outside_case_files(config.stash[_STATE])
@@ -160,6 +161,30 @@ def _interrupt_on_termination(config) -> None:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+
+#: the files pytest takes settings (`addopts = -p plugin`: a module to import) or code from
+PYTEST_FILES = ("conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
+                "tox.ini", "setup.cfg", "pyproject.toml")
+
+
+def _pytest_file_in_spec(config) -> str | None:
+    """Why this run is refused: its ini file, or a file pytest reads, lies in the spec
+    folder (its root, its cases folder and any folder between: where pytest looks for
+    them; nothing below the cases is collected). pytest reads an ini file and imports
+    its -p plugins before this plugin loads: such a folder is refused, so that it is
+    never run as if fine."""
+    folder = SpecFolder.from_option(config.getoption("spec_dir"))
+    root, cases = folder.root.resolve(), folder.cases_dir.resolve()
+    looked = [p for p in (*reversed(cases.parents), cases) if root in (p, *p.parents)]
+    found = [Path(config.inipath)] if config.inipath else []
+    found += [where / name for where in looked for name in PYTEST_FILES
+              if os.path.lexists(where / name)]
+    inside = [p for p in found if root in (p.resolve(), *p.resolve().parents)]
+    if not inside:
+        return None
+    return (f"{inside[0]}: pytest settings or code inside the spec folder {root} (a spec "
+            "folder is data: move the file out of it)")
 
 
 def _errors_outside_case_files(state) -> list:
