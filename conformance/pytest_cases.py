@@ -28,6 +28,7 @@ from .model.case import in_profile, test_name
 from .model.errors import CaseTimeout, CheckFailure, SuiteError
 from .model.folder import SpecFolder
 from .model.text import printable
+from .model.tolerances import TolerancesError
 from .process.judge_proxy import JudgeProxy
 from .process.protocol import JudgeOptions
 from .reports.markdown import report_problem, summary_lines, write_backend_report
@@ -137,7 +138,7 @@ def start(config, early=None):
         config.pluginmanager.register(config.stash[_COLLECTOR], "attention-conformance-results")
         if hasattr(config, "workerinput"):
             config.pluginmanager.register(_AskAsTheyCome(), "attention-conformance-xdist")
-    except (BackendLoadError, SpecError, OSError) as exc:
+    except (BackendLoadError, SpecError, TolerancesError, OSError) as exc:
         raise pytest.UsageError(str(exc)) from None
     problem = report_problem(config.getoption("report")) or _pytest_file_in_spec(config)
     if problem:     # before the first test (the judge, started, ends at unconfigure)
@@ -187,8 +188,13 @@ def _pytest_file_in_spec(config) -> str | None:
             "folder is data: move the file out of it)")
 
 
+#: files of the cases folder collected: its case files, and a stray .yml, whose one item
+#: fails with the loader's error while the good cases run; any other file is not the spec's
+COLLECTED = (".yaml", ".yml")
+
+
 def _errors_outside_case_files(state) -> list:
-    names = {p.name for p in state.cases_dir.glob("*.yaml")}
+    names = {p.name for p in state.cases_dir.glob("*") if p.suffix in COLLECTED}
     return [e for e in state.spec.errors if Path(e.file).name not in names]
 
 
@@ -213,7 +219,7 @@ def pytest_ignore_collect(collection_path: Path, config):
     path = Path(collection_path).resolve()
     if path == cases or path in cases.parents:
         return None
-    if path.parent == cases and path.suffix == ".yaml" and not path.is_symlink():
+    if path.parent == cases and path.suffix in COLLECTED and not path.is_symlink():
         return None
     if root == path or root in path.parents or cases in path.parents:
         return True
@@ -222,7 +228,7 @@ def pytest_ignore_collect(collection_path: Path, config):
 
 def pytest_collect_file(file_path: Path, parent):
     state = _state(parent.config)
-    if state and file_path.suffix == ".yaml" and file_path.parent == state.cases_dir:
+    if state and file_path.suffix in COLLECTED and file_path.parent == state.cases_dir:
         return CaseFile.from_parent(parent, path=file_path)
     return None
 
