@@ -301,7 +301,7 @@ class CaseItem(pytest.Item):
             failure.cause = verdict["cause"]
             raise failure
         else:                               # the suite's own error: never the backend's
-            self._record("fail", message, seconds)
+            self._record("error", message, seconds)
             raise SuiteError(message + ("\n" + verdict["cause"] if verdict["cause"] else ""))
 
     def _failed(self, message, seconds, status="fail"):

@@ -245,3 +245,27 @@ def test_every_writer_replaces_a_planted_link_and_refuses_a_linked_folder(tmp_pa
     (tmp_path / "linked").symlink_to(folder)
     with pytest.raises(FileRefused, match="is a symbolic link"):
         WRITERS[writer](tmp_path / "linked")
+
+
+def test_a_suite_error_is_recorded_as_an_error_never_as_the_backends_failure(
+        tmp_path, pytester, monkeypatch):
+    """A verdict of status "error" (the suite's own code failed on the case, as for an
+    input too large to build) is "error" in the results log and the summary, and is shown
+    as the suite's failure."""
+    from attention_conformance.checking import verdict
+
+    def suite_fails(*args, **kwargs):
+        raise MemoryError("the inputs could not be built")
+
+    monkeypatch.setattr(verdict, "run_case", suite_fails)
+    cases, out = make_spec(tmp_path), tmp_path / "r"
+    result = pytester.runpytest_inprocess(str(cases), "--backend", "numpy", "--spec-dir",
+                                          str(cases), "--in-process", "--report", str(out),
+                                          "-k", "tiny-softmax", "-q", "-p", "no:cacheprovider")
+    data = _load(out, "numpy")
+    assert data["totals"] == {"error": 4}, data["totals"]
+    assert all(r["message"].startswith("suite error on case tiny-softmax (") for r in data["results"])
+    result.stdout.fnmatch_lines(["*the suite failed on this case: SuiteError: suite error on case"
+                                 " tiny-softmax*MemoryError: the inputs could not be built*",
+                                 "*ERROR tiny/tiny-softmax[[]float64]: suite error on case*"])
+    assert "FAIL tiny/" not in result.stdout.str()
