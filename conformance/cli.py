@@ -17,7 +17,7 @@ from .model.case import profile_counts
 from .model.dtypes import DTYPES
 from .golden.store import GoldenError
 from .model.ops import OPS
-from .plugin import PROFILES
+from .plugin import PROFILES, _not_negative
 from .model.files import write_file
 from .model.folder import SpecFolder
 from .specs.loader import load_spec
@@ -402,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("backend", metavar="BACKEND")
     f.add_argument("--device", default=None, metavar="DEVICE",
                    help="build the backend with device=DEVICE (as for certify)")
-    f.add_argument("--examples", type=int, default=100, help="cases to draw (default 100)")
+    f.add_argument("--examples", type=_not_negative(int, least=1), default=100,
+                   help="cases to draw (default 100)")
     f.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     f.add_argument("--dtype", action="append", choices=DTYPES,
                    help="only this dtype (repeatable; default: every dtype the backend declares)")

@@ -18,16 +18,18 @@ PROFILES = ("quick", "long", "all")
 RESTART_ABOVE_MIB = 4096.0
 
 
-def _not_negative(kind):
-    """An option's type: a number of that kind, 0 or more (0 turns the option off)."""
+def _not_negative(kind, least=0):
+    """An option's type: a number of that kind, `least` or more (a least of 0: 0 turns
+    the option off)."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             what = "a whole number" if kind is int else "a number"
             raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-        if not value >= 0:                  # NaN included
-            raise argparse.ArgumentTypeError(f"must be 0 (off) or more, not {text}")
+        if not value >= least:              # NaN included
+            floor = "0 (off)" if least == 0 else least
+            raise argparse.ArgumentTypeError(f"must be {floor} or more, not {text}")
         return value
     parse.__name__ = kind.__name__
     return parse
