@@ -217,9 +217,10 @@ def test_certify_refuses_an_unusable_report_folder_before_the_run(tmp_path, kind
 def test_the_plugin_refuses_an_unusable_report_folder_before_the_run(tmp_path, kind, pytester):
     cases = make_spec(tmp_path)
     directory, words = _unusable(tmp_path, kind)
+    # refused at configure: Hypothesis' plugin, kept out, would never see its session start
     result = pytester.runpytest_inprocess(str(cases), "--backend", "numpy", "--spec-dir",
                                           str(cases), "--report", str(directory), "-q",
-                                          "-p", "no:cacheprovider")
+                                          "-p", "no:cacheprovider", "-p", "no:hypothesispytest")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = [line for line in result.errlines if line.strip()]
     assert len(errors) == 1 and errors[0].startswith(f"ERROR: --report {directory}: "), errors

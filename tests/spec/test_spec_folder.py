@@ -132,8 +132,10 @@ def test_plain_pytest_refuses_a_spec_folder_holding_pytest_settings(tmp_path, py
     planted = (cases.parent / PLANTED[name] / name).resolve()
     planted.write_text({"setup.cfg": "[tool:pytest]\n", "tox.ini": "[pytest]\n",
                         "pytest.ini": "[pytest]\n", ".pytest.ini": "[pytest]\n"}.get(name, ""))
+    # refused at configure: Hypothesis' plugin, kept out, would never see its session start
     result = pytester.runpytest_inprocess(str(cases), "--backend", "numpy", "--spec-dir",
-                                          str(cases), "-q", "-p", "no:cacheprovider")
+                                          str(cases), "-q", "-p", "no:cacheprovider",
+                                          "-p", "no:hypothesispytest")
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
     errors = [line for line in result.errlines if line.strip()]
     assert len(errors) == 1 and errors[0].startswith(f"ERROR: {planted}: pytest settings"), errors
