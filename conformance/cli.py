@@ -18,7 +18,8 @@ from .model.case import profile_counts
 from .model.dtypes import DTYPES
 from .golden.store import GoldenError
 from .model.ops import OPS
-from .options import BY_FLAG, FORWARDED, PROFILES, forwarded_argv, passthrough_text, rows
+from .model.files import write_file
+from .options import BY_FLAG, FORWARDED, PROFILES, forwarded_argv, not_negative, passthrough_text, rows
 from .model.folder import SpecFolder
 from .specs.loader import load_spec
 
@@ -185,8 +186,13 @@ def certify_argv(args, passthrough) -> list[str]:
 def _certify(args, passthrough) -> int:
     import pytest
 
+    from .reports.markdown import report_problem
     from .terminal import default_threads
 
+    problem = report_problem(args.report)
+    if problem:                 # before pytest: no backend is started for nothing
+        _err(f"ERROR: {problem}")
+        return int(pytest.ExitCode.USAGE_ERROR)
     default_threads()       # one OpenMP and one OpenBLAS thread, unless the user set them
     argv = certify_argv(args, passthrough)
     if args.show_command:
@@ -251,9 +257,13 @@ def _report(args) -> int:
              "make them with: attention-conformance certify BACKEND --report "
              f"{directory}")
         return 1
-    print(matrix_markdown(results, brief=True), end="")
     out = Path(args.output) if args.output else directory
-    paths = write_matrix(results, out)
+    try:
+        paths = write_matrix(results, out)
+    except OSError as exc:
+        _err(f"report: {exc}")
+        return 2
+    print(matrix_markdown(results, brief=True), end="")
     print(f"\nmatrix of {len(results)} backends: " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -292,11 +302,14 @@ def _fuzz(args) -> int:
     print(report.text(command), end="")
     if report.failure and args.save:
         path = Path(args.save)
-        path.parent.mkdir(parents=True, exist_ok=True)
         topic = re.sub(r"[^a-z0-9_-]", "_", path.stem.lower())
         if topic != path.stem or path.suffix != ".yaml":
             path = path.with_name(f"{topic}.yaml")   # a case file's topic is its name
-        path.write_text(case_file_yaml([report.failure.doc], topic=topic))
+        try:
+            write_file(path, case_file_yaml([report.failure.doc], topic=topic))
+        except OSError as exc:
+            _err(f"fuzz: not saved: {exc}")
+            return 1
         _err(f"saved as a case file: {path}")
     return 1 if report.failure else 0
 
@@ -398,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("backend", metavar="BACKEND")
     f.add_argument("--device", default=None, metavar="DEVICE",
                    help="build the backend with device=DEVICE (as for certify)")
-    f.add_argument("--examples", type=int, default=100, help="cases to draw (default 100)")
+    f.add_argument("--examples", type=not_negative(int, least=1), default=100,
+                   help="cases to draw (default 100)")
     f.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     f.add_argument("--dtype", action="append", choices=DTYPES,
                    help="only this dtype (repeatable; default: every dtype the backend declares)")

@@ -34,6 +34,7 @@ import numpy as np
 from .api import GoldenCase
 from .golden.compute import generated_inputs, golden_entries
 from .golden.store import GoldenStore, write_npz
+from .model.files import write_file
 from .model.ops import OPS
 from .reports.results import spec_hash, suite_version
 
@@ -222,7 +223,7 @@ def _entry(golden: GoldenCase, variant, dtype, directory: Path, relative: str, f
         write_npz(path, stored, level=NPZ_LEVEL)
     else:
         document = _json_document(golden, variant, dtype, stored)
-        path.write_text(json.dumps(document, allow_nan=False) + "\n")
+        write_file(path, json.dumps(document, allow_nan=False) + "\n")
     return {"file": f"{relative}/{path.name}", "variant": variant.label,
             "dims": dict(variant.dims), "dtype": dtype,
             "inputs": {n: {"shape": list(a.shape),
@@ -358,9 +359,9 @@ def _write_export(cases, root: Path, fmt, golden_dir, dtypes, spec_dir, progress
                          "with the dtype named bfloat16",
              "tags": {tag: meaning for tag, (meaning, _) in TAGS.items()},
              "cases": _write_cases(cases, root, fmt, store, dtypes, progress)}
-    (root / "README.md").write_text(README)
+    write_file(root / "README.md", README)
     index["files"] = _file_list(root)
-    (root / "index.json").write_text(json.dumps(index, indent=1, allow_nan=False) + "\n")
+    write_file(root / "index.json", json.dumps(index, indent=1, allow_nan=False) + "\n")
     return index
 
 

@@ -25,16 +25,18 @@ DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
 RESTART_ABOVE_MIB = 4096.0
 
 
-def not_negative(kind):
-    """An option's type: a number of that kind, 0 or more (0 turns the option off)."""
+def not_negative(kind, least=0):
+    """An option's type: a number of that kind, `least` or more (a least of 0: 0 turns
+    the option off)."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             what = "a whole number" if kind is int else "a number"
             raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-        if not value >= 0:                  # NaN included
-            raise argparse.ArgumentTypeError(f"must be 0 (off) or more, not {text}")
+        if not value >= least:              # NaN included
+            floor = "0 (off)" if least == 0 else least
+            raise argparse.ArgumentTypeError(f"must be {floor} or more, not {text}")
         return value
     parse.__name__ = kind.__name__
     return parse
@@ -91,8 +93,8 @@ OPTIONS = (
            default=[], action="append", metavar="FILE"),
     Option("--report", "write this backend's results, BACKEND.json and BACKEND.md, into DIR",
            metavar="DIR"),
-    Option("--case-timeout", "seconds before a case is failed as hung (default 120; 0: no"
-           " limit)", certify=PASSTHROUGH, default=120.0, type=not_negative(float),
+    Option("--case-timeout", "seconds all the calls of one test may take together before"
+           " it is failed as hung (default 120; 0: no limit)", certify=PASSTHROUGH, default=120.0, type=not_negative(float),
            metavar="S"),
     Option("--in-process", "run the backend in the runner's own process (for debugging: not"
            " isolated, so a crash ends the run and the backend can reach the checks)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 import signal
 import threading
 import warnings
@@ -27,9 +28,10 @@ from .model.case import in_profile, test_name
 from .model.errors import CaseTimeout, CheckFailure, SuiteError
 from .model.folder import SpecFolder
 from .model.text import printable
+from .model.tolerances import TolerancesError
 from .process.judge_proxy import JudgeProxy
 from .process.protocol import JudgeOptions
-from .reports.markdown import summary_lines, write_backend_report
+from .reports.markdown import report_problem, summary_lines, write_backend_report
 from .reports.results import ResultLog, record_for
 from .specs.expected import ExpectedFailures, expected_for
 from .specs.loader import SpecError, load_spec
@@ -136,8 +138,11 @@ def start(config, early=None):
         config.pluginmanager.register(config.stash[_COLLECTOR], "attention-conformance-results")
         if hasattr(config, "workerinput"):
             config.pluginmanager.register(_AskAsTheyCome(), "attention-conformance-xdist")
-    except (BackendLoadError, SpecError, OSError) as exc:
+    except (BackendLoadError, SpecError, TolerancesError, OSError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    problem = report_problem(config.getoption("report")) or _pytest_file_in_spec(config)
+    if problem:     # before the first test (the judge, started, ends at unconfigure)
+        raise pytest.UsageError(problem)
     stray = _errors_outside_case_files(config.stash[_STATE])
     if stray:   # no test item could carry them: the spec folder itself is unusable
         raise pytest.UsageError("\n".join(str(e) for e in stray))
@@ -159,8 +164,37 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
 
 
+#: the files pytest takes settings (`addopts = -p plugin`: a module to import) or code from
+PYTEST_FILES = ("conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
+                "tox.ini", "setup.cfg", "pyproject.toml")
+
+
+def _pytest_file_in_spec(config) -> str | None:
+    """Why this run is refused: its ini file, or a file pytest reads, lies in the spec
+    folder (its root, its cases folder and any folder between: where pytest looks for
+    them; nothing below the cases is collected). pytest reads an ini file and imports
+    its -p plugins before this plugin loads: such a folder is refused, so that it is
+    never run as if fine."""
+    folder = SpecFolder.from_option(config.getoption("spec_dir"))
+    root, cases = folder.root.resolve(), folder.cases_dir.resolve()
+    looked = [p for p in (*reversed(cases.parents), cases) if root in (p, *p.parents)]
+    found = [Path(config.inipath)] if config.inipath else []
+    found += [where / name for where in looked for name in PYTEST_FILES
+              if os.path.lexists(where / name)]
+    inside = [p for p in found if root in (p.resolve(), *p.resolve().parents)]
+    if not inside:
+        return None
+    return (f"{inside[0]}: pytest settings or code inside the spec folder {root} (a spec "
+            "folder is data: move the file out of it)")
+
+
+#: files of the cases folder collected: its case files, and a stray .yml, whose one item
+#: fails with the loader's error while the good cases run; any other file is not the spec's
+COLLECTED = (".yaml", ".yml")
+
+
 def _errors_outside_case_files(state) -> list:
-    names = {p.name for p in state.cases_dir.glob("*.yaml")}
+    names = {p.name for p in state.cases_dir.glob("*") if p.suffix in COLLECTED}
     return [e for e in state.spec.errors if Path(e.file).name not in names]
 
 
@@ -185,7 +219,7 @@ def pytest_ignore_collect(collection_path: Path, config):
     path = Path(collection_path).resolve()
     if path == cases or path in cases.parents:
         return None
-    if path.parent == cases and path.suffix == ".yaml" and not path.is_symlink():
+    if path.parent == cases and path.suffix in COLLECTED and not path.is_symlink():
         return None
     if root == path or root in path.parents or cases in path.parents:
         return True
@@ -194,7 +228,7 @@ def pytest_ignore_collect(collection_path: Path, config):
 
 def pytest_collect_file(file_path: Path, parent):
     state = _state(parent.config)
-    if state and file_path.suffix == ".yaml" and file_path.parent == state.cases_dir:
+    if state and file_path.suffix in COLLECTED and file_path.parent == state.cases_dir:
         return CaseFile.from_parent(parent, path=file_path)
     return None
 
@@ -267,7 +301,7 @@ class CaseItem(pytest.Item):
             failure.cause = verdict["cause"]
             raise failure
         else:                               # the suite's own error: never the backend's
-            self._record("fail", message, seconds, traceback=verdict["cause"])
+            self._record("error", message, seconds, traceback=verdict["cause"])
             raise SuiteError(message + ("\n" + verdict["cause"] if verdict["cause"] else ""))
 
     def _failed(self, message, seconds, status="fail", traceback=""):
@@ -474,7 +508,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             f"{len(missing)} selected tests never ran (the report says so)")
     directory = config.getoption("report")
     if directory:
-        paths = write_backend_report(state.log, Path(directory))
+        try:
+            paths = write_backend_report(state.log, Path(directory))
+        except OSError as exc:
+            terminalreporter.write_line(f"report: NOT WRITTEN: {exc}")
+            return
         terminalreporter.write_line("report: " + ", ".join(str(p) for p in paths))
 
 

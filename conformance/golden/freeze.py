@@ -10,6 +10,7 @@ import numpy as np
 
 from .compute import FLOAT32_TIER, compute_case
 from .store import GoldenError, GoldenStore, _unpack, load_topic, write_manifest, write_topic
+from ..model.files import make_folder
 from ..model.folder import SpecFolder
 
 GOLDEN_RTOL = 1e-12   # the reference's own run-to-run spread (BLAS, machine) is ~1e-16
@@ -57,7 +58,7 @@ def regenerate(cases, folder) -> list[tuple[str, str]]:
     """Recompute and write every golden file of a SpecFolder (or of a golden folder);
     return what changed."""
     directory, tolerances = _golden_of(folder)
-    directory.mkdir(parents=True, exist_ok=True)
+    make_folder(directory)
     changes = []
     topics = _by_topic(cases)
     for topic, topic_cases in topics.items():

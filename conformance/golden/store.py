@@ -27,6 +27,7 @@ import numpy as np
 
 from .compute import ACCUMULATION_DTYPES, FLOAT32_TIER, compute, entry_key
 from ..model.ops import OPS
+from ..model.files import write_file
 from ..model.folder import SpecFolder, default_folder
 from ..model.tolerances import Tolerances
 
@@ -49,7 +50,7 @@ def write_npz(path: Path, arrays: dict, level: int | None = None) -> None:
             info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(info, data.getvalue(), compresslevel=level)
-    path.write_bytes(buffer.getvalue())
+    write_file(path, buffer.getvalue())
 
 
 def write_topic(path: Path, arrays: dict) -> None:
@@ -117,7 +118,7 @@ def write_manifest(directory: Path) -> None:
             raise GoldenError(f"golden file name {path.name!r} cannot be listed in {MANIFEST}: "
                               "a line break or an outer space would break its lines")
     lines = [f"{sha256(p)}  {p.name}" for p in paths]
-    (directory / MANIFEST).write_text("\n".join(lines) + "\n")
+    write_file(directory / MANIFEST, "\n".join(lines) + "\n")
 
 
 def load_topic(directory: Path, topic: str) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ import html
 
 from pathlib import Path
 
+from ..model.files import make_folder, write_file
 from .markdown import GROUP_HEADER, SEVERITY, _group_row, _matrix_tables, failure_groups, matrix_markdown
 from .results import STATUS_LABELS
 
@@ -203,10 +204,8 @@ def matrix_html(results: list[dict]) -> str:
 
 
 def write_matrix(results: list[dict], directory: Path) -> list[Path]:
-    """matrix.md and matrix.html into directory."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    md, page = directory / "matrix.md", directory / "matrix.html"
-    md.write_text(matrix_markdown(results))
-    page.write_text(matrix_html(results))
-    return [md, page]
+    """matrix.md and matrix.html into directory (a link at either name is replaced,
+    never written through)."""
+    directory = make_folder(directory)
+    return [write_file(directory / "matrix.md", matrix_markdown(results)),
+            write_file(directory / "matrix.html", matrix_html(results))]

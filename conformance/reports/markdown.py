@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 
+from ..model.files import folder_problem, make_folder, write_file
 from ..model.policies import POLICIES, POLICY_MEANING
 from .results import FAILING, FORMAT, STATUS_LABELS, STATUSES, safe_name
 
@@ -311,14 +312,18 @@ def _fraction(counts: dict) -> str:
     return f"{ok}/{run}{extra}" if counts else "-"
 
 
+def report_problem(directory) -> str | None:
+    """Why --report DIR cannot be written (one line), or None: asked before a run, so
+    that a run's report is never lost at its end."""
+    problem = directory and folder_problem(directory)
+    return f"--report {directory}: {problem}" if problem else None
+
+
 def write_backend_report(log, directory: Path) -> list[Path]:
-    """A run's NAME.json and NAME.md in directory."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    """A run's NAME.json and NAME.md in directory (model/files.py: a link planted at
+    either name is replaced, never written through)."""
+    directory = make_folder(directory)
     data = log.as_dict()
     name = safe_name(log.info["name"])
-    json_path = directory / f"{name}.json"
-    json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    md_path = directory / f"{name}.md"
-    md_path.write_text(backend_markdown(data))
-    return [json_path, md_path]
+    return [write_file(directory / f"{name}.json", json.dumps(data, indent=1, default=str) + "\n"),
+            write_file(directory / f"{name}.md", backend_markdown(data))]

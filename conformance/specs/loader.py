@@ -18,8 +18,8 @@ from ..model.case import Case, Variant
 from ..model.folder import SpecFolder, default_folder
 from .schema import schema_errors, schema_validator
 from .yaml_reader import MAX_FILE_BYTES, SpecError, parse_yaml
-from ..model.tolerances import load_tolerances
-from .validation import TOPIC_PATTERN, static_errors
+from ..model.tolerances import TolerancesError, load_tolerances
+from .validation import TOPIC_PATTERN, planned_limit, static_errors
 
 
 def _variants(raw) -> tuple[Variant, ...]:
@@ -121,13 +121,14 @@ class Spec:
         return {c.id: c for c in self.cases}
 
 
-def _tolerance_dtypes(path: Path) -> tuple[set | None, list[SpecError]]:
-    """The dtypes that have a tolerance in `path` (None if the file cannot be read)."""
+def _tolerance_dtypes(path: Path, name: str) -> tuple[set | None, list[SpecError]]:
+    """The dtypes that have a tolerance in `path` (None if the file is not the rule)."""
     try:
         return set(load_tolerances(path).unit_roundoff), []
-    except Exception as exc:   # any unreadable tolerances file is one clear problem
-        return None, [SpecError(path, 0, None, f"cannot read tolerances: "
-                                                f"{type(exc).__name__}: {exc}")]
+    except TolerancesError as exc:
+        return None, [SpecError(name, exc.line, None, exc.message)]
+    except OSError as exc:
+        return None, [SpecError(name, 0, None, f"cannot read tolerances: {exc}")]
 
 
 def _admit(spec: Spec, case: Case, seen: dict, check_case) -> None:
@@ -144,11 +145,18 @@ def _admit(spec: Spec, case: Case, seen: dict, check_case) -> None:
 
 
 def _from_cache(name: str, key: str) -> list[Case] | None:
+    """The cases of a file's cache entry, or None (a miss: the file validates in full):
+    no entry, one this code did not write (spec_cache), or one whose cases are not
+    cases or pass a limit."""
     stored = spec_cache.read(key)
     if stored is None:
         return None
-    return [_case(entry["data"], stored["topic"], name, entry["line"])
-            for entry in stored["cases"]]
+    try:
+        cases = [_case(entry["data"], stored["topic"], name, entry["line"])
+                 for entry in stored["cases"]]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return None if any(planned_limit(case) for case in cases) else cases
 
 
 def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
@@ -167,10 +175,13 @@ def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
         return Spec([], [SpecError(cases_dir, 0, None, "no such folder of case files")])
     root = folder.root.parent
     schema, tolerances = folder.schema_file, folder.tolerances_file
-    known_dtypes, errors = _tolerance_dtypes(tolerances)
-    errors += [SpecError(_file_name(p, root), 0, None, "case files end in .yaml")
-               for p in sorted(cases_dir.glob("*.yml"))]
     tolerance_name = _file_name(tolerances, root)
+    known_dtypes, errors = _tolerance_dtypes(tolerances, tolerance_name)
+    if known_dtypes is None:            # without the rule no case can be checked
+        return Spec([], errors)
+    errors += [SpecError(_file_name(p, root), 0, None, f"case files end in .yaml: this file "
+                                                       f"is not loaded (rename it {p.stem}.yaml)")
+               for p in sorted(cases_dir.glob("*.yml"))]
     spec, seen = Spec([], errors), {}
     for path in sorted(cases_dir.glob("*.yaml")):
         if path.is_symlink() or not path.is_file():

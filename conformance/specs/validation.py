@@ -337,6 +337,19 @@ def _planned_elements(case, variant, before) -> tuple[int, str | None, tuple]:
     return total - before[0], None, ()
 
 
+def planned_limit(case) -> str | None:
+    """The first limit the inputs of a case's variants pass, found without allocating
+    anything, or None: the cheap part of the limits, which a case read from the spec
+    cache meets again (a case past a limit must never reach generation)."""
+    elements = [0, 0]
+    for variant in case.variants:
+        planned, limit, _ = _planned_elements(case, variant, elements)
+        if limit:
+            return limit
+        elements[0] += planned
+    return None
+
+
 def _computed_elements(case, arrays, before) -> tuple[tuple[int, int], str | None]:
     """((elements of a variant's outputs, of its score matrix), or the limit they pass)."""
     shapes = {n: a.shape for n, a in arrays.items()}

@@ -12,11 +12,14 @@ an alias bomb costs microseconds), the nesting depth, and the length of integers
 every node's tag must be plain YAML (string, integer, float, boolean, null, list,
 mapping: no !!binary, no dates, no !!set). A problem inside one case sets only that
 case aside (see parse_yaml's `problems`); the other cases still load.
+
+Every NaN of a file is one value, NAN, whatever its text (.nan, .NaN, .NAN).
 """
 
 from __future__ import annotations
 
 import re
+import struct
 
 import yaml
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
@@ -89,6 +92,19 @@ def _construct_mapping(loader, node):
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+#: the NaN of every spec file: quiet, sign clear. PyYAML makes its NaN as -inf / inf, whose
+#: sign is the CPU's (set on x86, clear on ARM), while JSON (the spec cache) reads NaN back
+#: as this one: a case's inputs would differ, bit for bit, between a cold and a warm cache
+NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_0000_0000))[0]
+
+
+def _construct_float(loader, node):
+    value = loader.construct_yaml_float(node)
+    return NAN if value != value else value
+
+
+_Loader.add_constructor(_TAG + "float", _construct_float)
 
 
 def case_id_near(text: str, line: int) -> str | None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from _cli_support import adapter, cli, make_spec, run
+from attention_conformance.golden.store import write_manifest, write_npz
+from attention_conformance.model.files import FileRefused, write_file
 from attention_conformance.model.policies import POLICIES
 from attention_conformance.reports.results import FORMAT, spec_hash
 
@@ -163,3 +166,132 @@ def test_reports_are_complete_under_xdist(tmp_path):
                  "-q", "-p", "no:cacheprovider")
     assert result.returncode == 0, result.stdout
     assert _load(tmp_path / "r", "numpy")["totals"] == {"pass": 18}
+
+
+# --- files the suite writes: never through a planted link ------------------------------
+
+def _plant(links: dict, victim_folder) -> dict:
+    """Each link -> a victim file of its own (the link's target); returns their texts."""
+    victim_folder.mkdir(exist_ok=True)
+    texts = {}
+    for link in links:
+        victim = victim_folder / f"victim-{link.name}"
+        victim.write_text(f"precious {link.name}\n")
+        link.symlink_to(victim)
+        texts[victim] = victim.read_text()
+    return texts
+
+
+def _untouched(texts: dict, links) -> None:
+    for victim, text in texts.items():
+        assert victim.read_text() == text, f"{victim} was written through a link"
+    for link in links:
+        assert link.is_file() and not link.is_symlink(), f"{link} is still a link"
+
+
+def test_certify_replaces_a_link_planted_at_a_report_file(tmp_path):
+    cases, out = make_spec(tmp_path), tmp_path / "r"
+    out.mkdir()
+    links = [out / "numpy.json", out / "numpy.md"]
+    texts = _plant(links, tmp_path / "elsewhere")
+    result = cli("--spec-dir", cases, "certify", "numpy", "--report", out, "-q",
+                 "-k", "tiny-softmax")
+    assert result.returncode == 0, result.stdout + result.stderr
+    _untouched(texts, links)
+    assert _load(out, "numpy")["totals"] == {"pass": 4}
+
+
+def test_report_replaces_a_link_planted_at_the_matrix(reports, tmp_path, capsys):
+    _, out, _ = reports
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "numpy.json").write_bytes((out / "numpy.json").read_bytes())
+    links = [copy / "matrix.html", copy / "matrix.md"]
+    texts = _plant(links, tmp_path / "elsewhere")
+    result = run(capsys, "report", copy)
+    assert result.returncode == 0, result.stderr
+    _untouched(texts, links)
+    assert "<html" in (copy / "matrix.html").read_text()
+
+
+def _unusable(tmp_path, kind):
+    """A --report DIR the suite must refuse, and the words of its refusal."""
+    (tmp_path / "a-file").write_text("not a folder\n")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    return {"file": (tmp_path / "a-file", "exists and is not a folder"),
+            "under_a_file": (tmp_path / "a-file" / "reports", "is not a folder"),
+            "link": (tmp_path / "link", "is a symbolic link")}[kind]
+
+
+UNUSABLE = ["file", "under_a_file", "link"]
+
+
+@pytest.mark.parametrize("kind", UNUSABLE)
+def test_certify_refuses_an_unusable_report_folder_before_the_run(tmp_path, kind):
+    cases = make_spec(tmp_path)
+    directory, words = _unusable(tmp_path, kind)
+    result = cli("--spec-dir", cases, "certify", "numpy", "--report", directory, "-q")
+    assert result.returncode == 4, result.stdout + result.stderr
+    line = result.stderr.strip()
+    assert line.startswith(f"ERROR: --report {directory}: ") and words in line, line
+    assert "\n" not in line and "passed" not in result.stdout
+
+
+@pytest.mark.parametrize("kind", UNUSABLE)
+def test_the_plugin_refuses_an_unusable_report_folder_before_the_run(tmp_path, kind, pytester):
+    cases = make_spec(tmp_path)
+    directory, words = _unusable(tmp_path, kind)
+    # refused at configure: Hypothesis' plugin, kept out, would never see its session start
+    result = pytester.runpytest_inprocess(str(cases), "--backend", "numpy", "--spec-dir",
+                                          str(cases), "--report", str(directory), "-q",
+                                          "-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith(f"ERROR: --report {directory}: "), errors
+    assert words in errors[0] and "passed" not in result.stdout.str()
+
+
+#: the writers of the other files the suite makes, each -> the file it wrote
+WRITERS = {
+    "golden npz": lambda folder: write_npz(folder / "t.npz", {"a": np.zeros(2)}) or folder / "t.npz",
+    "golden manifest": lambda folder: write_manifest(folder) or folder / "SHA256SUMS",
+    "any file": lambda folder: write_file(folder / "f.txt", "text\n"),
+}
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_every_writer_replaces_a_planted_link_and_refuses_a_linked_folder(tmp_path, writer):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    name = WRITERS[writer](tmp_path / "probe").name
+    texts = _plant([folder / name], tmp_path / "elsewhere")
+    assert WRITERS[writer](folder) == folder / name
+    _untouched(texts, [folder / name])
+    (tmp_path / "linked").symlink_to(folder)
+    with pytest.raises(FileRefused, match="is a symbolic link"):
+        WRITERS[writer](tmp_path / "linked")
+
+
+def test_a_suite_error_is_recorded_as_an_error_never_as_the_backends_failure(
+        tmp_path, pytester, monkeypatch):
+    """A verdict of status "error" (the suite's own code failed on the case, as for an
+    input too large to build) is "error" in the results log and the summary, and is shown
+    as the suite's failure."""
+    from attention_conformance.checking import verdict
+
+    def suite_fails(*args, **kwargs):
+        raise MemoryError("the inputs could not be built")
+
+    monkeypatch.setattr(verdict, "run_case", suite_fails)
+    cases, out = make_spec(tmp_path), tmp_path / "r"
+    result = pytester.runpytest_inprocess(str(cases), "--backend", "numpy", "--spec-dir",
+                                          str(cases), "--in-process", "--report", str(out),
+                                          "-k", "tiny-softmax", "-q", "-p", "no:cacheprovider")
+    data = _load(out, "numpy")
+    assert data["totals"] == {"error": 4}, data["totals"]
+    assert all(r["message"].startswith("suite error on case tiny-softmax (") for r in data["results"])
+    result.stdout.fnmatch_lines(["*the suite failed on this case: SuiteError: suite error on case"
+                                 " tiny-softmax*MemoryError: the inputs could not be built*",
+                                 "*ERROR tiny/tiny-softmax[[]float64]: suite error on case*"])
+    assert "FAIL tiny/" not in result.stdout.str()

@@ -521,3 +521,88 @@ def test_a_file_whose_cases_pass_the_file_limit(spec_dir):
                           f"'big-{count - 1}': with this case, the inputs and outputs of the "
                           f"file's cases pass {MAX_FILE_ELEMENTS:,} elements (at most that per "
                           "file: split the file)")
+
+
+def test_a_stray_yml_file_is_one_error_and_the_good_cases_load(spec_dir):
+    error = file_error(spec_dir, "stray.yml", f"topic: stray\ncases:\n{case('in-a-yml')}")
+    assert str(error) == ("spec/cases/stray.yml: case files end in .yaml: this file is not "
+                          "loaded (rename it stray.yaml)")
+
+
+def test_the_plugin_fails_a_stray_yml_as_one_item_and_runs_the_good_cases(spec_dir, pytester):
+    """One failing item naming the file (a usage error before: exit 4, no case ran); a
+    file of another kind (notes) is not the spec's, and is left alone."""
+    write(spec_dir, "good", case("good-one"))
+    (spec_dir / "cases" / "stray.yml").write_text(f"topic: stray\ncases:\n{case('in-a-yml')}")
+    (spec_dir / "cases" / "notes.txt").write_text("not a case file\n")
+    result = pytester.runpytest_inprocess(
+        str(spec_dir / "cases"), "--backend", "numpy", "-p", "no:cacheprovider",
+        "--spec-dir", str(spec_dir / "cases"), "-q")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*invalid spec: spec/cases/stray.yml: case files end in .yaml:"
+                                 " this file is not loaded (rename it stray.yaml)*"])
+    assert "notes.txt" not in result.stdout.str()
+
+
+TOLERANCES = "multiplier: 4\nproperty_roundings: 4\ndtypes:\n  float64: {unit_roundoff: 1.0e-16}\n"
+
+#: a broken tolerances.yaml -> (its text, the line at fault, the message)
+BAD_TOLERANCES = {
+    "dtypes_a_list": (TOLERANCES.replace("dtypes:\n  float64: {unit_roundoff: 1.0e-16}",
+                                         "dtypes: [float64]"),
+                      3, "dtypes maps each dtype to {unit_roundoff: NUMBER}"),
+    "multiplier_a_word": (TOLERANCES.replace("multiplier: 4", "multiplier: four"), 1,
+                          "multiplier must be a positive number, not 'four'"),
+    "no_property_roundings": (TOLERANCES.replace("property_roundings: 4\n", ""), 1,
+                              "property_roundings must be a positive number, not None"),
+    "unit_roundoff_missing": (TOLERANCES.replace("{unit_roundoff: 1.0e-16}", "{}"), 4,
+                              "dtypes/float64/unit_roundoff must be a positive number"),
+    "unknown_dtype": (TOLERANCES + "  float8: {unit_roundoff: 0.1}\n", 5,
+                      "dtypes: 'float8' is not a dtype (known: float64, float32"),
+    "plain_error_from_unknown": (TOLERANCES.replace("1.0e-16}", "1.0e-16, plain_error_from: "
+                                                                "float32}"), 4,
+                                 "dtypes/float64/plain_error_from: 'float32' has no tolerance"),
+    "malformed_yaml": (TOLERANCES.replace("1.0e-16}", "[1.0e-16}"), 4, "invalid YAML: expected"),
+    "not_a_mapping": ("- 4\n", 1, "the file is a mapping with multiplier, property_roundings"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_TOLERANCES)
+def test_a_broken_tolerances_file_is_one_error_naming_file_line_and_key(spec_dir, name):
+    text, line, message = BAD_TOLERANCES[name]
+    (spec_dir / "tolerances.yaml").write_text(text)
+    write(spec_dir, "good", case("good-one"))
+    spec = load_spec(spec_dir / "cases")
+    assert [str(e) for e in spec.errors] == [f"spec/tolerances.yaml:{line}: "
+                                             f"{spec.errors[0].message}"] and not spec.cases
+    assert spec.errors[0].message.startswith(message), spec.errors[0].message
+
+
+def test_validate_and_the_plugin_give_a_broken_tolerances_file_one_line(spec_dir, pytester):
+    (spec_dir / "tolerances.yaml").write_text(BAD_TOLERANCES["dtypes_a_list"][0])
+    write(spec_dir, "good", case("good-one"))
+    done = subprocess.run([sys.executable, "-m", "attention_conformance", "--spec-dir",
+                           str(spec_dir / "cases"), "validate"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 1 and not done.stderr, done.stderr
+    assert done.stdout.splitlines()[0] == ("spec/tolerances.yaml:3: dtypes maps each dtype to "
+                                           "{unit_roundoff: NUMBER}")
+    # refused at configure: Hypothesis' plugin, kept out, would never see its session start
+    result = pytester.runpytest_inprocess(
+        str(spec_dir / "cases"), "--backend", "numpy", "-p", "no:cacheprovider",
+        "-p", "no:hypothesispytest", "--spec-dir", str(spec_dir / "cases"), "-q")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.strip()]
+    assert errors == [f"ERROR: {spec_dir.resolve() / 'tolerances.yaml'}:3: dtypes maps each "
+                      "dtype to {unit_roundoff: NUMBER}"], errors
+
+
+def test_the_plugin_refuses_a_missing_cases_folder_with_one_line(tmp_path, pytester):
+    missing = tmp_path / "nowhere" / "cases"
+    # refused at configure: Hypothesis' plugin, kept out, would never see its session start
+    result = pytester.runpytest_inprocess(str(tmp_path), "--backend", "numpy", "--spec-dir",
+                                          str(missing), "-q", "-p", "no:cacheprovider",
+                                          "-p", "no:hypothesispytest")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.strip()]
+    assert errors == [f"ERROR: {missing}: no such folder of case files"], errors

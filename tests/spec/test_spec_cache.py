@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import shutil
 
+import numpy as np
 import pytest
 
+from _cli_support import cli as cli_process
 from attention_conformance import api, cli
+from attention_conformance.golden.inputs import build_inputs
 from attention_conformance.model.case import Case
 from attention_conformance.model.folder import default_folder
 from attention_conformance.specs import cache as spec_cache, loader as spec_loader
@@ -42,6 +46,7 @@ cases:
 def cache(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     monkeypatch.setenv("ATTENTION_CONFORMANCE_CACHE", str(folder))
+    monkeypatch.setenv(spec_cache.KEY_ENV, str(tmp_path / "config" / "cache-key"))
     return folder
 
 
@@ -84,12 +89,118 @@ def test_an_edited_file_is_validated_again(cache, tmp_path):
     assert "colour" in error.message
 
 
-def test_a_tampered_entry_is_a_miss_not_code(cache, tmp_path):
+def _forge(entry: dict) -> dict:
+    for case in entry["cases"]:
+        case["data"]["expect"] = {"properties": ["finite"]}
+    return entry
+
+
+def _huge_input(entry: dict) -> dict:
+    entry["cases"][0]["data"]["inputs"]["x"]["normal"]["shape"] = [100000, 100000]
+    return entry
+
+
+#: what is done to a cache entry -> (its new text from the stored entry, signed with: None
+#: (the MAC line kept as it was), "other" (another user's key: a cache restored in CI from
+#: an untrusted job) or "own" (this user's key: what the checks behind the MAC catch))
+TAMPERED = {
+    "forged_expectation": (lambda e: json.dumps(_forge(e)), None),
+    "forged_expectation_other_key": (lambda e: json.dumps(_forge(e)), "other"),
+    "other_format": (lambda e: json.dumps({"format": "something else"}), None),
+    "not_json": (lambda e: "{not json", "own"),
+    "no_cases_signed": (lambda e: json.dumps({k: v for k, v in e.items() if k != "cases"}), "own"),
+    "cases_not_a_list_signed": (lambda e: json.dumps({**e, "cases": {"0": 1}}), "own"),
+    "case_without_data_signed": (lambda e: json.dumps({**e, "cases": [{"line": 3}]}), "own"),
+    "input_of_1e10_elements_signed": (lambda e: json.dumps(_huge_input(e)), "own"),
+}
+
+
+def _rewrite(path, make_text, signer=None) -> None:
+    """An entry's stored JSON rewritten; its MAC line (if any) kept, or made anew."""
+    mac, _, stored = path.read_bytes().rpartition(b"\n")
+    text = make_text(json.loads(stored)).encode()
+    if signer is not None:
+        secret = secrets.token_bytes(32) if signer == "other" else spec_cache._secret()
+        mac = spec_cache._mac(secret, path.stem, text)
+    path.write_bytes(mac + b"\n" + text if mac else text)
+
+
+@pytest.mark.parametrize("how", TAMPERED)
+def test_a_tampered_entry_is_a_miss_validated_again(cache, counted, tmp_path, how):
+    """Never an error, never code, never the tampered data: the file validates in full."""
     folder = cases_dir(tmp_path, GOOD)
+    fresh = load_spec(folder).cases
     load_spec(folder, cache=True)
     [entry] = cache.glob("*.json")
-    entry.write_text(json.dumps({"format": "something else"}))
+    _rewrite(entry, *TAMPERED[how])
+    counted["load_file"] = 0
+    spec = load_spec(folder, cache=True)
+    assert counted["load_file"] == 1, "the file was not validated again"
+    assert not spec.errors and len(spec.cases) == 1 and not same_case(spec.cases[0], fresh[0])
+    assert spec.cases[0].expect == {"golden": True, "properties": ["finite"]}
+
+
+def test_the_probe_forged_sdpa_expectations_are_not_used(cache, counted, worked_examples_spec):
+    """The probe: four worked-example sdpa cases edited to expect only finite outputs
+    (a backend returning zeros went from 28 failures to 148 passes)."""
+    fresh = {c.id: c for c in load_spec(worked_examples_spec).cases}
+    load_spec(worked_examples_spec, cache=True)
+    counted["load_file"] = 0
+    [entry] = cache.glob("*.json")
+    forged = []
+
+    def forge(stored):
+        forged.extend([c["data"]["id"] for c in stored["cases"] if c["data"]["op"] == "sdpa"][:4])
+        for case in stored["cases"]:
+            if case["data"]["id"] in forged:
+                case["data"]["expect"] = {"properties": ["finite"]}
+        return json.dumps(stored)
+
+    _rewrite(entry, forge)
+    loaded = {c.id: c for c in load_spec(worked_examples_spec, cache=True).cases}
+    assert len(forged) == 4 and counted["load_file"] == 1, "the file was not validated again"
+    for case_id in forged:
+        assert loaded[case_id].expect == fresh[case_id].expect != {"properties": ["finite"]}
+
+
+def test_the_key_is_private_made_once_and_outside_the_cache(cache, tmp_path):
+    folder = cases_dir(tmp_path, GOOD)
+    load_spec(folder, cache=True)
+    key = spec_cache.key_file()
+    assert key.stat().st_mode & 0o777 == 0o600 and key.parent.stat().st_mode & 0o077 == 0
+    assert cache not in key.parents and len(key.read_bytes()) == 64
+    made = key.read_bytes()
+    load_spec(folder, cache=True)
+    assert key.read_bytes() == made and list(cache.glob("*.json"))
+
+
+@pytest.mark.parametrize("key", ["readable_by_others", "a_link", "inside_the_cache"])
+def test_an_untrusted_key_turns_the_cache_off(cache, counted, tmp_path, monkeypatch, key):
+    """Nothing read, nothing written: every load validates in full, and still loads."""
+    folder = cases_dir(tmp_path, GOOD)
+    load_spec(folder, cache=True)                # a key and an entry, made
+    path = spec_cache.key_file()
+    if key == "readable_by_others":
+        path.chmod(0o644)
+    elif key == "a_link":
+        path.rename(tmp_path / "moved-key")
+        path.symlink_to(tmp_path / "moved-key")
+    else:
+        monkeypatch.setenv(spec_cache.KEY_ENV, str(cache / "keys" / "cache-key"))
+    for entry in cache.glob("*.json"):
+        entry.unlink()
+    counted["load_file"] = 0
     assert [c.id for c in load_spec(folder, cache=True).cases] == ["tiny-softmax"]
+    assert counted["hits"] == 0 and counted["load_file"] == 1
+    assert not list(cache.glob("*.json"))
+
+
+def test_a_value_json_cannot_keep_bit_for_bit_is_never_cached(cache):
+    signed_nan = -np.float64(np.nan).item()          # what PyYAML's .nan is on x86
+    spec_cache.write("k" * 64, "tiny", [(3, {"id": "x", "value": signed_nan})])
+    assert not list(cache.glob("*.json"))
+    spec_cache.write("k" * 64, "tiny", [(3, {"id": "x", "value": float("nan")})])
+    assert list(cache.glob("*.json"))
 
 
 def test_off_disables_the_cache(monkeypatch, tmp_path):
@@ -222,3 +333,46 @@ def test_the_api_reads_the_cache(cache, counted, worked_examples_spec):
     case = api.load_case("unnormalised-scores-softmax", spec_dir=worked_examples_spec)
     assert case.op == "softmax"
     assert counted["hits"] == 1 and counted["static_errors"] == 0, counted
+
+
+def _nonfinite_cases(spec):
+    """The cases whose inputs hold a NaN or an infinity somewhere in their YAML."""
+    return [c for c in spec.cases if "nan" in repr(c.inputs) or "inf" in repr(c.inputs)]
+
+
+def _input_bits(cases) -> dict:
+    """(case, variant, input) -> the bytes of the input as generated (not the in-process
+    memo of generated_inputs, whose key, repr(), is blind to a NaN's sign)."""
+    return {(c.id, v.label, name): array.tobytes() for c in cases for v in c.variants
+            for name, array in build_inputs(c.inputs, v.dims).items()}
+
+
+def test_inputs_are_the_same_bits_with_a_cold_or_a_warm_cache(cache, counted):
+    """PyYAML's NaN has the CPU's sign (set on x86), JSON's has it clear: a case whose
+    inputs hold NaN gave the backend other bits on a cold cache than on a warm one."""
+    cold = _nonfinite_cases(load_spec(CASES_DIR, cache=True))
+    assert counted["hits"] == 0
+    warm = _nonfinite_cases(load_spec(CASES_DIR, cache=True))
+    assert counted["hits"] == counted["read"] // 2 > 0, counted
+    assert len(cold) > 20 and [c.id for c in cold] == [c.id for c in warm]
+    cold_bits, warm_bits = _input_bits(cold), _input_bits(warm)
+    differing = sorted(k for k in cold_bits if cold_bits[k] != warm_bits[k])
+    assert not differing, f"{len(differing)} inputs differ, e.g. {differing[:3]}"
+    nan = np.float64(np.nan).tobytes()
+    assert any(nan in bits for bits in cold_bits.values())
+
+
+def test_two_exports_cold_and_warm_are_the_same_bytes(cache, tmp_path):
+    """As a user runs them: each export in a fresh process, the first on an empty cache."""
+    picked = [arg for c in _nonfinite_cases(load_spec(CASES_DIR)) for arg in ("--case", c.id)]
+    files = {}
+    for run in ("cold", "warm"):
+        done = cli_process("export", tmp_path / run, *picked,
+                           env={"ATTENTION_CONFORMANCE_CACHE": str(cache)})
+        assert done.returncode == 0, done.stderr
+        files[run] = {p.relative_to(tmp_path / run): p.read_bytes()
+                      for p in sorted((tmp_path / run).rglob("*")) if p.is_file()}
+        assert list(cache.glob("*.json")), "the cold export fills the cache"
+    assert len(files["cold"]) > 100 and files["cold"].keys() == files["warm"].keys()
+    differing = [str(p) for p in files["cold"] if files["cold"][p] != files["warm"][p]]
+    assert not differing, f"{len(differing)} files differ, e.g. {differing[:3]}"

@@ -8,17 +8,21 @@ from it, follows no link out of it and prints none of its text raw.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from _cli_support import TINY, cli, make_spec
+from _cli_support import ROOT, TINY, cli, make_spec
 from attention_conformance.backends.numpy import NumpyBackend
 from attention_conformance.backend.in_process import InProcess
 from attention_conformance.checking.verdict import run_case
 from attention_conformance.golden.store import GoldenStore
 from attention_conformance.model.errors import CheckFailure
 from attention_conformance.model.folder import SpecFolder, packaged_spec_dir
+from attention_conformance.pytest_cases import PYTEST_FILES
 from attention_conformance.specs.loader import load_spec
 
 LOOSE = """\
@@ -101,6 +105,7 @@ pathlib.Path({marker!r}).write_text("ran")
 
 
 def test_code_planted_in_a_spec_folder_never_runs(tmp_path):
+    """certify reads nothing of it, and refuses the folder: it is never run as if fine."""
     cases = make_spec(tmp_path)
     marker = tmp_path / "planted-code-ran"
     for where in (cases / "conftest.py", cases.parent / "conftest.py", cases / "test_planted.py"):
@@ -108,10 +113,65 @@ def test_code_planted_in_a_spec_folder_never_runs(tmp_path):
     (cases.parent / "pytest.ini").write_text(
         f"[pytest]\naddopts = -p no:attention_conformance --junitxml={tmp_path / 'planted.xml'}\n")
     result = cli("--spec-dir", cases, "certify", "numpy", "-q")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "18 passed" in result.stdout
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stderr.strip() == (
+        f"ERROR: {cases.parent.resolve() / 'conftest.py'}: pytest settings or code inside the "
+        f"spec folder {cases.parent.resolve()} (a spec folder is data: move the file out of it)")
+    assert "passed" not in result.stdout
     assert not marker.exists(), "code from the spec folder ran"
     assert not (tmp_path / "planted.xml").exists(), "the spec folder's pytest.ini was read"
+
+
+#: where pytest finds a file of its settings or code in a spec folder
+PLANTED = {name: ("cases" if name == "conftest.py" else ".") for name in PYTEST_FILES}
+
+
+@pytest.mark.parametrize("name", PLANTED)
+def test_plain_pytest_refuses_a_spec_folder_holding_pytest_settings(tmp_path, pytester, name):
+    cases = make_spec(tmp_path)
+    planted = (cases.parent / PLANTED[name] / name).resolve()
+    planted.write_text({"setup.cfg": "[tool:pytest]\n", "tox.ini": "[pytest]\n",
+                        "pytest.ini": "[pytest]\n", ".pytest.ini": "[pytest]\n"}.get(name, ""))
+    # refused at configure: Hypothesis' plugin, kept out, would never see its session start
+    result = pytester.runpytest_inprocess(str(cases), "--backend", "numpy", "--spec-dir",
+                                          str(cases), "-q", "-p", "no:cacheprovider",
+                                          "-p", "no:hypothesispytest")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    errors = [line for line in result.errlines if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith(f"ERROR: {planted}: pytest settings"), errors
+    assert "passed" not in result.stdout.str()
+
+
+def test_plain_pytest_from_inside_a_spec_folder_is_refused(tmp_path):
+    """pytest reads the folder's pytest.ini and imports its -p plugin before ours loads:
+    that cannot be stopped here, but the run is refused; the documented commands (tox's,
+    which name their ini file) never read that file."""
+    cases = make_spec(tmp_path)
+    marker = tmp_path / "plugin-imported"
+    (cases.parent / "pwnplugin.py").write_text(PLANT.format(marker=str(marker)))
+    (cases.parent / "pytest.ini").write_text("[pytest]\naddopts = -p pwnplugin\n")
+    for named, imported in (([], True), (["-c", ROOT / "pyproject.toml", "--rootdir", ROOT], False)):
+        done = subprocess.run([sys.executable, "-m", "pytest", *map(str, named), "cases",
+                               "--backend", "numpy", "--spec-dir", "cases", "-q",
+                               "-p", "no:cacheprovider"], cwd=cases.parent, capture_output=True,
+                              text=True, timeout=180)
+        assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+        assert done.stderr.strip().startswith("ERROR: ") and "pytest.ini: pytest settings" in \
+            done.stderr and "passed" not in done.stdout, done.stderr
+        assert marker.exists() == imported
+        marker.unlink(missing_ok=True)
+
+
+def test_every_pytest_command_of_tox_and_the_docs_names_its_settings():
+    """No documented pytest command lets pytest find an ini file by itself."""
+    tox = [line.strip() for line in (ROOT / "tox.ini").read_text().splitlines()
+           if line.strip().startswith("pytest ")]
+    assert len(tox) >= 10
+    for line in tox:
+        assert "-c {tox_root}/pyproject.toml --rootdir {tox_root}" in line, line
+    for page in ("cli.md", "failures.md", "adding-a-backend.md", "writing-cases.md"):
+        for line in (ROOT / "docs" / page).read_text().splitlines():
+            assert not re.search(r"\bpytest \S*spec/cases", line), f"docs/{page}: {line}"
 
 
 def test_the_spec_folders_own_schema_is_not_used(tmp_path):

@@ -119,6 +119,12 @@ def test_command_options(capsys):
     assert result.returncode == 0 and "10 cases tried (10 passed" in result.stdout
     assert result.stderr == ""
     assert run(capsys, "fuzz", "nope-backend").returncode == 2
+    for examples, why in (("-5", "must be 1 or more, not -5"), ("0", "must be 1 or more, not 0"),
+                          ("many", "not a whole number: 'many'")):
+        refused = run(capsys, "fuzz", "numpy", "--examples", examples)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.stderr.splitlines()[-1] == \
+            f"attention-conformance fuzz: error: argument --examples: {why}"
     with pytest.raises(ValueError, match="declares none"):
         fuzz(_NoDtypes(), examples=1)
     with pytest.raises(ValueError, match="cannot fuzz"):
