@@ -156,12 +156,12 @@ def git(*args, cwd=ROOT) -> str:
 
 
 def commit_of(root: Path) -> str:
-    """The commit checked out in root, '+changes' where a tracked file outside the
-    results differs from it; 'unknown' outside git."""
+    """The commit checked out in root, '+changes' where a tracked file differs from it
+    (but the results and the page that shows them); 'unknown' outside git."""
     try:
         commit = git("rev-parse", "--short", "HEAD", cwd=root)
         changed = git("status", "--porcelain", "-uno", "--", ".", ":!benchmarks/results",
-                      cwd=root)
+                      ":!docs/benchmarks.md", cwd=root)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("+changes" if changed else "")
