@@ -56,7 +56,7 @@ def floors_line(f: dict) -> str:
 
 def suite_line(f: dict) -> str:
     counts = ", ".join(f"{n} {word}" for word, n in f["counts"].items())
-    return (f"`pytest tests -n 2`: {seconds(r['wall'] for r in f['runs'])} s wall, "
+    return (f"`pytest tests -n auto`: {seconds(r['wall'] for r in f['runs'])} s wall, "
             f"{seconds(r['cpu'] for r in f['runs'])} CPU s ({counts})")
 
 
