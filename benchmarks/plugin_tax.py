@@ -1,6 +1,6 @@
 """The plugin's tax on every other pytest run: an unrelated one-test project, run with
 the attention_conformance plugin (which pytest loads by its entry point) and without it
-(-p no:attention_conformance), the two interleaved; the figure is the median difference.
+(-p no:attention_conformance), the two in turn; the figure is the median difference.
 
     python benchmarks/plugin_tax.py --runs 9      # prints the figure against its target
 """
@@ -8,22 +8,14 @@ the attention_conformance plugin (which pytest loads by its entry point) and wit
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from measure import median, timed
 
 TARGET_MS = 50.0
 TEST = "def test_one():\n    assert 1 + 1 == 2\n"
-
-
-def _wall(argv, cwd) -> float:
-    start = time.perf_counter()
-    subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
 
 
 def plugin_tax(runs: int = 9, python: str = sys.executable) -> dict:
@@ -31,15 +23,14 @@ def plugin_tax(runs: int = 9, python: str = sys.executable) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "test_one.py").write_text(TEST)
         base = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-        _wall(base, folder)                                  # warm the file cache
-        loaded, without = [], []
-        for _ in range(runs):
-            loaded.append(_wall(base, folder))
-            without.append(_wall(base + ["-p", "no:attention_conformance"], folder))
-    tax = statistics.median(a - b for a, b in zip(loaded, without))
-    return {"runs": runs, "with_s": statistics.median(loaded),
-            "without_s": statistics.median(without), "tax_ms": 1000 * tax,
-            "target_ms": TARGET_MS, "meets": 1000 * tax <= TARGET_MS}
+        timed(base, cwd=folder)                              # warms the file cache
+        pairs = [(timed(base, cwd=folder).wall,
+                  timed(base + ["-p", "no:attention_conformance"], cwd=folder).wall)
+                 for _ in range(runs)]
+    tax_ms = 1000 * median(loaded - without for loaded, without in pairs)
+    return {"runs": runs, "with_s": median(p[0] for p in pairs),
+            "without_s": median(p[1] for p in pairs), "tax_ms": tax_ms,
+            "target_ms": TARGET_MS, "meets": tax_ms <= TARGET_MS}
 
 
 def line(r: dict) -> str:
@@ -52,8 +43,7 @@ def line(r: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
-    args = parser.parse_args()
-    print(line(plugin_tax(args.runs)))
+    print(line(plugin_tax(parser.parse_args().runs)))
     return 0
 
 

@@ -1,23 +1,18 @@
-"""Record every call a certification run makes to a backend, and replay them outside the
-suite: the framework's own floor for the same work (see docs/benchmarks.md, "Targets").
+"""The framework's floor: every call a certification run makes to a backend, recorded,
+then replayed outside the suite on the same inputs, nothing checked.
 
-Recording is an adapter that wraps a built-in backend and saves each call's arrays and
-params before passing it on (one .npz and one JSON line per call):
+Recording is an adapter that wraps a built-in backend, declares what it declares (so the
+run is the backend's own run) and saves each call's arrays and params:
 
-    BENCH_RECORD_BACKEND=jax BENCH_RECORD_DIR=/tmp/rec \\
+    BENCH_RECORD_BACKEND=torch BENCH_RECORD_DIR=/tmp/rec \\
         pytest spec/cases --backend benchmarks/recording.py:Recording
 
-It declares what the wrapped backend declares (name, dtypes, policy, expected failures),
-so the run is the backend's own run. With JAX loaded it also counts the programs XLA
-compiles and their seconds (jax.monitoring's backend-compile event) into the folder.
-
-Replaying (`python benchmarks/recording.py replay NAME DIR`) loads the backend in a
-fresh interpreter and calls it once per recorded call, on the same inputs, nothing
-checked: framework import, adapter construction, compiling (or building a session for)
-each program and running it. It prints one JSON line: seconds (reading the recorded
-inputs, the load, the calls), calls, and for JAX the programs compiled and their
-compile seconds. The floor (targets.py) is this program's time from its start (the
-interpreter's included) to its last call's return, less its seconds reading the inputs.
+`python benchmarks/recording.py replay NAME DIR` loads the backend in a fresh interpreter
+and makes each recorded call once (import, construction, compiling or building a session
+as the framework does, running), printing one JSON line. The floor is that program's
+time from its start to its last call's return, less its reading of the recorded inputs
+(floor_of): what the same work costs as a program of its own. Not its exit, which can
+take a framework a second, and which a certification run does not wait for either.
 """
 
 from __future__ import annotations
@@ -29,8 +24,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def _plain(value):
@@ -56,22 +49,6 @@ def _unplain(value):
     return value
 
 
-class CompileCounter:
-    """Programs XLA compiles in this process, and their seconds (JAX only)."""
-
-    def __init__(self):
-        self.programs, self.seconds = 0, 0.0
-        if "jax" in sys.modules:
-            import jax
-
-            jax.monitoring.register_event_duration_secs_listener(self._event)
-
-    def _event(self, event, duration, **_):
-        if event == COMPILE_EVENT:
-            self.programs += 1
-            self.seconds += duration
-
-
 class Recording:
     """The backend named by $BENCH_RECORD_BACKEND, each call saved under $BENCH_RECORD_DIR."""
 
@@ -86,7 +63,6 @@ class Recording:
         self._dir.mkdir(parents=True, exist_ok=True)
         self._prefix = f"{os.getpid()}-"
         self._count = 0
-        self._compiles = CompileCounter()
         for key in ("name", "dtypes", "policy", "versions", "paths"):
             setattr(self, key, getattr(self._real, key))
         builtin = BUILTIN_DIR / f"{self.name}.yaml"
@@ -111,13 +87,7 @@ class Recording:
                     "params": _plain(params)}
             with open(self._dir / "calls.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
-            try:
-                return method(*args, **kwargs)
-            finally:
-                if self._compiles.programs:
-                    (self._dir / f"compiles-{os.getpid()}.json").write_text(json.dumps(
-                        {"programs": self._compiles.programs,
-                         "seconds": self._compiles.seconds}))
+            return method(*args, **kwargs)
         call.__name__ = op
         return call
 
@@ -137,13 +107,6 @@ def load_calls(directory: Path) -> list[dict]:
                 arrays[name] = array.view(wanted) if array.dtype != wanted else array
         calls.append({**line, "arrays": arrays, "params": _unplain(line["params"])})
     return calls
-
-
-def suite_compiles(directory: Path) -> dict:
-    """Programs compiled in the recorded run, summed over its backend processes."""
-    found = [json.loads(p.read_text()) for p in directory.glob("compiles-*.json")]
-    return {"programs": sum(f["programs"] for f in found),
-            "seconds": sum(f["seconds"] for f in found)}
 
 
 class MapsKept:
@@ -175,12 +138,9 @@ class MapsKept:
 
 
 def replay(name: str, directory: Path) -> dict:
-    """Call the backend once per recorded call (loaded before the clock starts: the
-    import is timed apart). Exceptions are what the suite saw too: counted, not fatal.
-    inputs_seconds: reading the recorded calls from disk, the one part of this program
-    that is not the work (the suite builds its inputs in another process); ended_at: the
-    clock's time when the last call returned (the interpreter's exit, which can take a
-    framework a second and which no run waits for, is not the work either)."""
+    """Call the backend once per recorded call. Exceptions are what the suite saw too:
+    counted, not fatal. inputs_seconds: reading the recorded calls, the one part of this
+    program that is not the work (the suite builds its inputs in another process)."""
     started = time.perf_counter()
     calls = load_calls(directory)
     inputs = time.perf_counter() - started
@@ -189,7 +149,6 @@ def replay(name: str, directory: Path) -> dict:
 
     backend = load_backend(name)
     loaded = time.perf_counter() - started
-    compiles = CompileCounter()
     maps = MapsKept()
     raised = 0
     started = time.perf_counter()
@@ -205,8 +164,13 @@ def replay(name: str, directory: Path) -> dict:
     calls_seconds = time.perf_counter() - started
     return {"ended_at": time.time(), "calls": len(calls), "inputs_seconds": inputs,
             "load_seconds": loaded, "calls_seconds": calls_seconds,
-            "raised": raised, "programs": compiles.programs,
-            "compile_seconds": compiles.seconds, "caches_cleared": maps.cleared}
+            "raised": raised, "caches_cleared": maps.cleared}
+
+
+def floor_of(started_at: float, replay: dict) -> float:
+    """The replaying program's seconds from its start (time.time() before it was started)
+    to its last call's return, less its reading of the recorded inputs."""
+    return replay["ended_at"] - started_at - replay["inputs_seconds"]
 
 
 if __name__ == "__main__":
