@@ -1,5 +1,5 @@
-"""What a backend declares: name, dtypes, policy (and optionally op_policy, versions,
-paths, expected_failures_file), and the ops it implements.
+"""What a backend declares: name, dtypes, policy (and optionally op_policy, policy_when,
+dtype_notes, versions, paths, expected_failures_file), and the ops it implements.
 
 The interface is structural: an adapter never has to import the suite. The ops it
 implements are those of model/ops.py; docs/interface.md is the contract in words. A
@@ -15,7 +15,7 @@ from typing import Any
 
 from ..model.dtypes import DTYPES
 from ..model.ops import OPS
-from ..model.policies import POLICIES
+from ..model.policies import POLICIES, condition_holds, condition_problem
 
 
 def really_has(adapter: Any, name: str) -> bool:
@@ -36,9 +36,13 @@ class Declaration:
     module: str = ""                                    # the module of the adapter's class
     expected_failures_file: str = ""
     ops: tuple = ()                                     # the ops the adapter implements
+    #: ({"when": {condition: value}, "policy": {policy: choice}}, ...): first match wins
+    policy_when: tuple = ()
+    dtype_notes: dict = field(default_factory=dict)     # dtype left out -> why
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "dtypes": sorted(self.dtypes), "ops": list(self.ops)}
+        return {**asdict(self), "dtypes": sorted(self.dtypes), "ops": list(self.ops),
+                "policy_when": [dict(rule) for rule in self.policy_when]}
 
     @classmethod
     def from_dict(cls, data) -> "Declaration":
@@ -48,16 +52,17 @@ class Declaration:
             raise ValueError(f"not a declaration: {str(data)[:200]}")
         text = {k: data[k] for k in ("name", "module", "expected_failures_file")}
         names = {"dtypes": data["dtypes"], "ops": data["ops"]}
-        tables = {k: data[k] for k in ("policy", "versions", "paths")}
+        tables = {k: data[k] for k in ("policy", "versions", "paths", "dtype_notes")}
         if not all(isinstance(v, str) for v in text.values()) \
                 or not all(isinstance(v, list) and all(isinstance(x, str) for x in v)
                            for v in names.values()) \
                 or not all(_str_table(v) for v in tables.values()) \
                 or not isinstance(data["op_policy"], dict) \
-                or not all(isinstance(op, str) and _str_table(c) for op, c in data["op_policy"].items()):
+                or not all(isinstance(op, str) and _str_table(c) for op, c in data["op_policy"].items()) \
+                or _policy_when_problems(data["policy_when"]):
             raise ValueError(f"not a declaration: {str(data)[:200]}")
         return cls(**text, **tables, dtypes=frozenset(names["dtypes"]), ops=tuple(names["ops"]),
-                   op_policy=data["op_policy"])
+                   op_policy=data["op_policy"], policy_when=tuple(data["policy_when"]))
 
 
 def _str_table(value) -> bool:
@@ -82,6 +87,9 @@ def declare(adapter: Any) -> Declaration:
         policy=table(adapter.policy),
         op_policy={str(op): table(chosen) for op, chosen in op_policy(adapter).items()},
         versions=table(plain("versions", dict)), paths=table(plain("paths", dict)),
+        policy_when=tuple({"when": dict(rule["when"]), "policy": table(rule["policy"])}
+                          for rule in plain("policy_when", list)),
+        dtype_notes=table(plain("dtype_notes", dict)),
         module=type(adapter).__module__,
         expected_failures_file=str(own_file) if isinstance(own_file, str) or
         hasattr(own_file, "__fspath__") else "",
@@ -97,9 +105,21 @@ def op_policy(adapter: Any) -> dict[str, dict[str, str]]:
     return value if isinstance(value, dict) else {}
 
 
-def policy_for(declaration: Declaration, op: str) -> dict[str, str]:
-    """The backend's choices for one op: `policy`, overridden by `op_policy[op]`."""
-    return {**declaration.policy, **declaration.op_policy.get(op, {})}
+def policy_for(declaration: Declaration, op: str, shapes: dict | None = None,
+               params: dict | None = None) -> dict[str, str]:
+    """The backend's choices for one call: `policy`, overridden by `op_policy[op]`, then,
+    given the call's input shapes and params, by the first `policy_when` rule that names
+    a policy and whose every condition holds."""
+    chosen = {**declaration.policy, **declaration.op_policy.get(op, {})}
+    if shapes is None:
+        return chosen
+    settled = set()
+    for rule in declaration.policy_when:
+        if all(condition_holds(name, wanted, op, shapes, params or {})
+               for name, wanted in rule["when"].items()):
+            chosen.update({k: v for k, v in rule["policy"].items() if k not in settled})
+            settled.update(rule["policy"])
+    return chosen
 
 
 def _choice_problems(policy: dict, label: str) -> list[str]:
@@ -132,6 +152,39 @@ def declaration_problems(adapter: Any) -> list[str]:
         problems += _choice_problems(policy, "policy")
     if really_has(adapter, "op_policy"):
         problems += _op_policy_problems(getattr(adapter, "op_policy", None))
+    if really_has(adapter, "policy_when"):
+        problems += _policy_when_problems(getattr(adapter, "policy_when", None))
+    if really_has(adapter, "dtype_notes"):
+        problems += _dtype_notes_problems(getattr(adapter, "dtype_notes", None), dtypes)
+    return problems
+
+
+def _policy_when_problems(rules) -> list[str]:
+    if not isinstance(rules, (list, tuple)):
+        return [f"policy_when must be a list of {{'when': ..., 'policy': ...}}, not {rules!r}"]
+    problems = []
+    for i, rule in enumerate(rules):
+        label = f"policy_when[{i}]"
+        if not isinstance(rule, dict) or set(rule) != {"when", "policy"} \
+                or not isinstance(rule["when"], dict) or not rule["when"] \
+                or not isinstance(rule["policy"], dict) or not rule["policy"]:
+            problems.append(f"{label} must be {{'when': {{condition: value}}, "
+                            f"'policy': {{policy: choice}}}}, both non-empty, not {rule!r}")
+            continue
+        problems += [f"{label}: {p}" for p in
+                     (condition_problem(k, v) for k, v in rule["when"].items()) if p]
+        problems += _choice_problems(rule["policy"], label)
+    return problems
+
+
+def _dtype_notes_problems(notes, dtypes) -> list[str]:
+    if not isinstance(notes, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
+                                              for k, v in notes.items()):
+        return [f"dtype_notes must be a dict of dtype name -> why it is left out, not {notes!r}"]
+    problems = [f"dtype_notes names unknown dtype {d!r}" for d in notes if d not in DTYPES]
+    declared = set(dtypes) if isinstance(dtypes, (set, frozenset, tuple, list)) else set()
+    problems += [f"dtype_notes explains {d!r}, which dtypes declares" for d in notes
+                 if d in declared]
     return problems
 
 
@@ -156,4 +209,7 @@ def describe(declaration: Declaration) -> dict[str, Any]:
             "policy": dict(declaration.policy), "versions": dict(declaration.versions),
             "paths": dict(declaration.paths),
             **({"op_policy": {op: dict(c) for op, c in declaration.op_policy.items()}}
-               if declaration.op_policy else {})}
+               if declaration.op_policy else {}),
+            **({"policy_when": [dict(rule) for rule in declaration.policy_when]}
+               if declaration.policy_when else {}),
+            **({"dtype_notes": dict(declaration.dtype_notes)} if declaration.dtype_notes else {})}

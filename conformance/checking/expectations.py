@@ -35,9 +35,16 @@ def _policy_label(policy):
     return f" under {policy[0]}={policy[1]}" if policy else ""
 
 
+def declared_policy(ctx: Context) -> dict[str, str]:
+    """The backend's choices for this call: policy, op_policy, then policy_when's first
+    matching rule per policy (its conditions read the call's inputs and params)."""
+    shapes = {name: np.shape(array) for name, array in ctx.arrays.items()}
+    return policy_for(ctx.declaration, ctx.case.op, shapes, ctx.params)
+
+
 def accumulation(ctx: Context) -> str:
-    """The backend's declared accumulation tier for this op (`input` when it declares none)."""
-    return policy_for(ctx.declaration, ctx.case.op).get("accumulation") or "input"
+    """The backend's declared accumulation tier for this call (`input` when it declares none)."""
+    return declared_policy(ctx).get("accumulation") or "input"
 
 
 def _golden(ctx: Context, policy, tier) -> dict:
@@ -238,7 +245,7 @@ def check_rows_or_nan(ctx: Context, policy) -> float:
 def policy_outcome(ctx: Context, policies: dict) -> float:
     """Check the outcome the case expects under the backend's declared choice."""
     ratio = 0.0
-    declared = policy_for(ctx.declaration, ctx.case.op)      # op_policy overrides policy
+    declared = declared_policy(ctx)
     for name, choices in policies.items():
         choice = declared.get(name)
         if choice is None:
@@ -274,7 +281,7 @@ def planned_calls(ctx: Context) -> list:
     reads only after its calls (properties.py), so that an isolated backend computes
     them with the test's own first call."""
     expect, outcomes = ctx.case.expect, [ctx.case.expect]
-    declared = policy_for(ctx.declaration, ctx.case.op) if "policy" in expect else {}
+    declared = declared_policy(ctx) if "policy" in expect else {}
     for name, choices in expect.get("policy", {}).items():
         outcomes.append(choices.get(declared.get(name), {}))
     calling = [entry for outcome in outcomes for entry in map(property_entry,

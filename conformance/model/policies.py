@@ -7,6 +7,9 @@ choice (docs/interface.md says what each choice means for every op, sdpa_vjp inc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+from .ops import CAUSAL_ALIGNMENTS, OPS
 
 
 @dataclass(frozen=True)
@@ -55,3 +58,72 @@ DEFAULT_POLICIES: dict[str, str] = {n: p.reference_default for n, p in POLICY_TA
 #: (a NaN reaches the rows whose visited tiles held it, and no other row). A case needs
 #: no branch of its own for it; the other choice's golden serves.
 ROW_BY_ROW: dict[str, dict[str, str]] = {"masked_key_nan": {"per_row": "ignored"}}
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A fact of one call that a conditional declaration (`policy_when`) may name."""
+    name: str
+    values: str                  # what the declaration gives: "bool", "ops" or "causal"
+    meaning: str
+    #: (op, input shapes by name, params) -> the call's value, compared with the declared one
+    of_call: Callable
+
+
+def _has(name):
+    return lambda op, shapes, params: name in shapes
+
+
+def _causal(op, shapes, params):
+    return params.get("causal") or False
+
+
+def _single_query(op, shapes, params):
+    sides = OPS[op].query_side if op in OPS else ()
+    return bool(sides) and sides[0] in shapes and len(shapes[sides[0]]) >= 2 \
+        and shapes[sides[0]][-2] == 1
+
+
+#: the closed vocabulary of `policy_when` (docs/interface.md, "Policies by condition")
+CONDITIONS: dict[str, Condition] = {c.name: c for c in (
+    Condition("ops", "ops", "the call is of one of these ops", lambda op, shapes, params: op),
+    Condition("mask", "bool", "a boolean mask is given", _has("mask")),
+    Condition("bias", "bool", "a float bias is given", _has("bias")),
+    Condition("sink", "bool", "a sink (attention-sink logit per head) is given", _has("sink")),
+    Condition("causal", "causal", "causal is set (true, false, or an alignment)", _causal),
+    Condition("window", "bool", "a sliding window is set",
+              lambda op, shapes, params: params.get("window") is not None),
+    Condition("lengths", "bool", "per-batch q_lengths or kv_lengths are given",
+              lambda op, shapes, params: any(params.get(k) is not None
+                                             for k in ("q_lengths", "kv_lengths"))),
+    Condition("single_query", "bool", "the call has one query (Lq = 1: decode)", _single_query),
+)}
+
+
+def condition_holds(name: str, wanted, op: str, shapes: dict, params: dict) -> bool:
+    """Whether the call (op, input shapes, params) meets one condition of a declaration."""
+    value = CONDITIONS[name].of_call(op, shapes, params)
+    if name == "ops":
+        return value in wanted
+    if name == "causal" and isinstance(wanted, bool):
+        return bool(value) == wanted
+    return value == wanted
+
+
+def condition_problem(name: str, wanted) -> str | None:
+    """What is wrong with one declared condition, or None."""
+    if name not in CONDITIONS:
+        return f"unknown condition {name!r}; known: {', '.join(CONDITIONS)}"
+    kind = CONDITIONS[name].values
+    if kind == "ops":
+        if not isinstance(wanted, (list, tuple)) or not wanted \
+                or any(op not in OPS for op in wanted):
+            return f"condition ops must be a non-empty list of op names, not {wanted!r}"
+    elif kind == "causal":
+        if not isinstance(wanted, bool) and wanted not in CAUSAL_ALIGNMENTS:
+            return f"condition causal must be true, false, or one of {', '.join(CAUSAL_ALIGNMENTS)}, " \
+                   f"not {wanted!r}"
+    elif not isinstance(wanted, bool):
+        return f"condition {name} must be true or false, not {wanted!r}"
+    return None
+

@@ -47,7 +47,23 @@ def summary_lines(log) -> list[str]:
     for op, chosen in sorted(data["backend"].get("op_policy", {}).items()):
         lines.append(f"  policies of {op}: " + ", ".join(f"{k}={v}" for k, v in
                                                       sorted(chosen.items())))
+    for rule in data["backend"].get("policy_when", ()):
+        lines.append("  policies when " + when_text(rule["when"]) + ": " +
+                     ", ".join(f"{k}={v}" for k, v in sorted(rule["policy"].items())))
+    for dtype, why in sorted(data["backend"].get("dtype_notes", {}).items()):
+        lines.append(f"  {dtype} left out: {why}")
     return lines
+
+
+def when_text(when: dict) -> str:
+    """A policy_when rule's conditions in words: `bias, causal=bottom_right, not mask`."""
+    def one(name, value):
+        if value is True:
+            return name
+        if value is False:
+            return f"not {name}"
+        return f"{name} in {', '.join(value)}" if isinstance(value, list) else f"{name}={value}"
+    return ", ".join(one(k, v) for k, v in when.items())
 
 
 class Cell(str):
