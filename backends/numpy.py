@@ -28,7 +28,7 @@ import numpy as np
 from . import rules
 
 _OPS = ("softmax", "scores", "attention_weights", "sdpa", "sdpa_lse", "self_attention",
-        "multi_head_attention", "sdpa_vjp")
+        "multi_head_attention", "sdpa_vjp", "paged_sdpa", "merge_states")
 
 #: input dtype name -> dtype the arithmetic is done in
 _COMPUTE = {"float64": np.float64, "float32": np.float32,
@@ -227,6 +227,8 @@ class NumpyBackend:
             "accumulation": "float32",
             # a padded query (past q_lengths) gets output, weight and dq rows of 0
             "padded_query_rows": "zeros",
+            # every lse it returns or takes is a natural log
+            "lse_base": "e",
         }
 
     def softmax(self, x, axis=-1):
@@ -297,3 +299,16 @@ class NumpyBackend:
         out = _sdpa(q, k, v, mask=mask, bias=None, causal=causal, scale=None,
                     softcap=None, window=None)
         return (_merge_heads(out) @ w_o).astype(dt)
+
+    def paged_sdpa(self, q, k_pages, v_pages, *, block_table, kv_lengths, sink=None,
+                   page_layout="NHD", causal=None, scale=None, softcap=None, window=None,
+                   q_lengths=None):
+        """The pages read back (rules.gather_pages), then sdpa with the lengths."""
+        k, v = rules.gather_pages(k_pages, v_pages, block_table, kv_lengths, page_layout)
+        return self.sdpa(q, k, v, sink=sink, causal=causal, scale=scale, softcap=softcap,
+                         window=window, q_lengths=q_lengths, kv_lengths=kv_lengths)
+
+    def merge_states(self, outs, lses):
+        dt, _ = _dtypes(np.asarray(outs))
+        out, lse = rules.merge_states(outs, lses, self.policy["lse_base"])
+        return out.astype(dt), lse.astype(dt)

@@ -57,6 +57,8 @@ class OnnxruntimeBackend(OnnxAttention):
         "accumulation": "float32",
         # a padded query (past q_lengths) gets output, weight and dq rows of 0
         "padded_query_rows": "zeros",
+        # every lse it returns or takes is a natural log
+        "lse_base": "e",
     }
     paths = {
         "softmax": "native: a Softmax node",

@@ -225,6 +225,8 @@ class PaddleBackend:
         "accumulation": "float32",
         # a padded query (past q_lengths) gets output, weight and dq rows of 0
         "padded_query_rows": "zeros",
+        # every lse it returns or takes is a natural log
+        "lse_base": "e",
     }
     paths = {
         "softmax": "native: paddle.nn.functional.softmax",

@@ -22,7 +22,9 @@ Functions and classes:
 - ``and_masks(*masks)``: the positions every given mask allows;
 - ``compose_lengths``, ``zero_padded_rows``, ``lengths_as_mask``: ``q_lengths`` and
   ``kv_lengths`` for a framework that takes a boolean mask but no lengths;
-- ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back.
+- ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back;
+- ``gather_pages``: a paged KV cache read back as contiguous keys and values;
+- ``merge_states``: partial attention states (output, lse) merged, in base e or 2.
 """
 
 from __future__ import annotations
@@ -223,3 +225,52 @@ class Layout:
         """(B, H, Lq, X) -> (*batch, H, Lq, X), at the rank the inputs broadcast to."""
         full = self.batch + tuple(y.shape[1:])
         return y.reshape(full[len(full) - self._rank_out:])
+
+
+# ---------------------------------------------------------------- paged KV cache and states
+
+
+def gather_pages(k_pages, v_pages, block_table, kv_lengths, page_layout="NHD"):
+    """(k, v) of a paged KV cache as ``(B, Hkv, L, D)`` arrays, ``L = max(kv_lengths, 1)``.
+
+    A page pool is ``(num_pages, page_size, Hkv, D)`` (``NHD``) or ``(num_pages, Hkv,
+    page_size, D)`` (``HND``); sequence b's token t lies in page
+    ``block_table[b][t // page_size]``, slot ``t % page_size``. Only the first
+    ``kv_lengths[b]`` tokens of each sequence are read: the slots past them stay 0 (the
+    pages listed past them, and the rest of its last page, may hold anything). Page ids
+    are taken as 64-bit integers. Pass the result with ``kv_lengths`` to the backend's
+    sdpa."""
+    if page_layout not in ("NHD", "HND"):
+        raise ValueError(f"page_layout must be NHD or HND, got {page_layout!r}")
+    pools = [np.asarray(p) if page_layout == "NHD" else np.swapaxes(np.asarray(p), 1, 2)
+             for p in (k_pages, v_pages)]
+    page_size = pools[0].shape[1]
+    longest = max(max(kv_lengths), 1)
+    result = []
+    for pool in pools:
+        dense = np.zeros((len(kv_lengths), pool.shape[2], longest, pool.shape[3]), pool.dtype)
+        for b, length in enumerate(kv_lengths):
+            token = np.arange(length)
+            ids = np.asarray(block_table[b], dtype=np.int64)[token // page_size]
+            dense[b, :, :length] = np.swapaxes(pool[ids, token % page_size], 0, 1)
+        result.append(dense)
+    return tuple(result)
+
+
+def merge_states(outs, lses, lse_base="e"):
+    """(out, lse) of N partial states merged, in float64: ``outs (N, *batch, Lq, Dv)``,
+    ``lses (N, *batch, Lq)`` in base ``e`` or ``2``. A state with lse ``-inf`` or ``+inf``
+    (vLLM's spelling of an empty one) has weight 0 and its output is not read; a row
+    whose every state is empty gives output 0 and lse ``-inf``."""
+    scale = math.log(2.0) if lse_base == "2" else 1.0
+    outs, lses = np.asarray(outs, np.float64), np.asarray(lses, np.float64) * scale
+    lses = np.where(np.isinf(lses), -np.inf, lses)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        top = np.max(lses, axis=0)
+        top = np.where(np.isfinite(top), top, 0.0)
+        weights = np.exp(lses - top)
+        total = np.sum(weights, axis=0)
+        share = np.where(total > 0, weights / np.where(total > 0, total, 1.0), 0.0)
+        out = np.sum(share[..., None] * np.where(share[..., None] > 0, outs, 0.0), axis=0)
+        lse = (top + np.log(total)) / scale
+    return out, lse

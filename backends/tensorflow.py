@@ -155,6 +155,8 @@ class TensorflowBackend:
         "accumulation": "input",
         # a padded query (past q_lengths) gets output, weight and dq rows of 0
         "padded_query_rows": "zeros",
+        # every lse it returns or takes is a natural log
+        "lse_base": "e",
     }
     paths = {
         "softmax": "native: keras.ops.softmax",

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import _torch_mha, rules
+from . import _torch_mha, _torch_serving, rules
 
 _TORCH_DTYPES = {
     "float64": torch.float64,
@@ -251,6 +251,8 @@ class TorchBackend:
         "accumulation": "float32",
         # a padded query (past q_lengths) gets output, weight and dq rows of 0
         "padded_query_rows": "zeros",
+        # every lse it returns or takes is a natural log
+        "lse_base": "e",
     }
     paths = {
         "softmax": "native: torch.softmax",
@@ -267,6 +269,9 @@ class TorchBackend:
                                 "sizes the module cannot express",
         "sdpa_vjp": "native: torch.autograd.grad through the sdpa path (through the composed "
                     "path with a sink: d_sink)",
+        "paged_sdpa": "composed: the pages read back (rules.gather_pages), then sdpa with "
+                      "kv_lengths (torch has no paged attention)",
+        "merge_states": "composed: torch ops in float32 (float64 for float64; torch has no merge op)",
         "sdpa_lse": "composed: torch.logsumexp and softmax of the score pipeline (torch has "
                     "no public op returning the lse; the private "
                     "_scaled_dot_product_flash_attention_for_cpu gives 0 on rows without keys)",
@@ -427,3 +432,17 @@ class TorchBackend:
             out = _torch_mha.multi_head_attention(self._attend, tq, tk, tv, ws, num_heads,
                                                   kv_heads, allowed, self.mha_module)
             return _to_numpy(out)
+
+    def paged_sdpa(self, q, k_pages, v_pages, *, block_table, kv_lengths, page_layout="NHD",
+                   **params):
+        """The pages read back (rules.gather_pages), then this backend's sdpa with lengths."""
+        k, v = rules.gather_pages(k_pages, v_pages, block_table, kv_lengths, page_layout)
+        return self.sdpa(q, k, v, kv_lengths=kv_lengths, **params)
+
+    def merge_states(self, outs, lses):
+        with self._running():
+            dt = self._dtype(outs)
+            wide = torch.float64 if dt == torch.float64 else torch.float32
+            out, lse = _torch_serving.merge_states(_to_torch(outs, wide), _to_torch(lses, wide),
+                                                   self.policy["lse_base"])
+            return _to_numpy(out.to(dt)), _to_numpy(lse.to(dt))

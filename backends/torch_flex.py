@@ -149,6 +149,8 @@ class TorchFlexBackend(TorchBackend):
         "accumulation": "float32",
         # a padded query (past q_lengths) gets output, weight and dq rows of 0
         "padded_query_rows": "zeros",
+        # every lse it returns or takes is a natural log
+        "lse_base": "e",
     }
 
     def __init__(self, device=None, compiled=None):

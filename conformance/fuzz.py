@@ -201,8 +201,8 @@ class LiveGolden:
     def __init__(self, tolerances=None):
         self.tolerances = tolerances or default_folder().tolerances
 
-    def get(self, case, variant, dtype, policy=None, accumulation=None):
-        return compute(case, variant, dtype, self.tolerances, policy, accumulation)
+    def get(self, case, variant, dtype, policy=None, accumulation=None, convention=None):
+        return compute(case, variant, dtype, self.tolerances, policy, accumulation, convention)
 
 
 def load_document(doc: dict, directory: Path):

@@ -9,8 +9,11 @@ is answered (checks.planned_calls), and sends them ahead with it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ..backend.interface import policy_for
 from ..golden import reference
 from .comparison import digits
 from .context import Context
@@ -21,6 +24,9 @@ PROPERTIES = {}
 #: the properties that call the backend again (each makes its calls before it reads the
 #: outputs): checks.planned_calls runs these alone
 CALLS_BACKEND = set()
+#: those whose last call takes the answers of their earlier calls: that call is made, not
+#: planned (tests/meta/test_planned_calls.py)
+FED_BY_ANSWERS = {"cascade_merge"}
 
 
 def prop(func=None, *, calls_backend: bool = False):
@@ -283,8 +289,9 @@ def split_kv_merge(ctx: Context, split: int | None = None):
     params = {"causal": None, "window": None}       # folded into the halves' masks
     halves = [ctx.call(first, **params),
               ctx.call(_key_half(ctx, ctx.arrays, keep, slice(m, lk)), **params)]
-    out, lse = ctx.outputs["out"], ctx.outputs["lse"]
-    got_out, got_lse = _merged([h[0] for h in halves], [h[1] for h in halves])
+    natural = natural_lse(ctx, ctx.case.op)         # the declared lse_base, as ln
+    out, lse = ctx.outputs["out"], ctx.outputs["lse"] * natural
+    got_out, got_lse = _merged([h[0] for h in halves], [h[1] * natural for h in halves])
     same = np.isfinite(got_lse) == np.isfinite(lse)
     if not np.all(same):
         where = tuple(int(i) for i in np.argwhere(~same)[0])
@@ -299,3 +306,43 @@ def split_kv_merge(ctx: Context, split: int | None = None):
     magnitude = float(np.max(np.abs(out), initial=1.0)) * max(1.0, size)
     _close(got_out, out, _tol(ctx, magnitude),
            f"output of keys [0, {m}) and [{m}, {lk}) merged vs output of all keys")
+
+
+def natural_lse(ctx, op) -> float:
+    """What the backend's lse of op are multiplied by to be natural logs: ln 2 under a
+    declared lse_base of 2, else 1."""
+    return math.log(2.0) if policy_for(ctx.declaration, op).get("lse_base") == "2" else 1.0
+
+
+@prop(calls_backend=True)
+def cascade_merge(ctx: Context, prefix: int):
+    """Cascade attention (a shared prefix, then each request's own keys): keys [0, prefix)
+    of batch element 0 are the prefix every request shares. sdpa_lse over the shared
+    prefix (one call, its batch of 1 broadcast) and over each request's own keys
+    [prefix, Lk) (the case's causal), merged by the backend's merge_states (each lse
+    converted between the ops' declared bases), equal sdpa_lse over the whole keys. Its
+    last call takes the answers of the others: it is made, not planned."""
+    q, k, v = (ctx.arrays[n] for n in ("q", "k", "v"))
+    lq, lk = q.shape[-2], k.shape[-2]
+    causal = ctx.params.get("causal")
+    if not 0 < prefix < lk or set(ctx.arrays) != {"q", "k", "v"} or ctx.params.get("window") \
+            or causal == "top_left" or (causal and lk - prefix < lq):
+        raise CheckFailure(f"cascade_merge needs q, k, v alone, 0 < prefix {prefix} < Lk {lk},"
+                           " no window, and under bottom_right causal Lq <= Lk - prefix")
+    shared = {"q": q, "k": k[:1, ..., :prefix, :], "v": v[:1, ..., :prefix, :]}
+    own = {"q": q, "k": k[..., prefix:, :], "v": v[..., prefix:, :]}
+    whole = {"q": q, **{n: np.concatenate([np.broadcast_to(shared[n], own[n].shape[:-2] + (
+        prefix, own[n].shape[-1])), own[n]], axis=-2) for n in ("k", "v")}}
+    parts = [ctx.call(shared, causal=None), ctx.call(own), ctx.call(whole)]
+    to_merge = natural_lse(ctx, ctx.case.op) / natural_lse(ctx, "merge_states")
+    got_out, got_lse = ctx.call({"outs": ctx.cast(np.stack([parts[0][0], parts[1][0]])),
+                                 "lses": ctx.cast(np.stack([parts[0][1], parts[1][1]]) * to_merge)},
+                                op="merge_states")
+    out, lse = parts[2]
+    got_lse = got_lse * natural_lse(ctx, "merge_states")
+    lse = lse * natural_lse(ctx, ctx.case.op)
+    size = float(np.max(np.abs(lse), initial=1.0))
+    _close(got_lse, lse, _tol(ctx, size), "lse of the shared prefix and own keys merged vs"
+           " lse of the whole keys")
+    _close(got_out, out, _tol(ctx, float(np.max(np.abs(out), initial=1.0)) * max(1.0, size)),
+           "output of the shared prefix and own keys merged vs output of the whole keys")

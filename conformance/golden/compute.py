@@ -11,15 +11,25 @@ from . import reference
 from ..model.dtypes import UNIT_ROUNDOFF, round_to
 from .inputs import build_inputs
 from ..model.ops import OPS
+from ..model.policies import CONVENTION_POLICIES, DEFAULT_POLICIES, POLICIES
 from ..model.tolerances import Tolerances
 
 
-def entry_key(case_id, variant, dtype, policy=None) -> str:
-    """The name of one golden entry: case/variant/dtype[/policy=choice]."""
+def entry_key(case_id, variant, dtype, policy=None, convention=None) -> str:
+    """The name of one golden entry: case/variant/dtype[/policy=choice][/convention=choice]
+    (a convention other than the reference's default: lse_base=2)."""
     parts = [case_id, variant or "_", dtype]
-    if policy:
-        parts.append("{}={}".format(*policy))
+    for chosen in (policy, convention):
+        if chosen:
+            parts.append("{}={}".format(*chosen))
     return "/".join(parts)
+
+
+def conventions(op) -> list:
+    """None (the reference's defaults), then (policy, choice) for each other choice of a
+    convention the op's golden data depend on (lse_base 2 for sdpa_lse, merge_states)."""
+    return [None] + [(name, choice) for name, ops in CONVENTION_POLICIES.items() if op in ops
+                     for choice in POLICIES[name] if choice != DEFAULT_POLICIES[name]]
 
 
 _GENERATED: dict = {}
@@ -62,12 +72,13 @@ FLOAT32_TIER = ".plain_error_float32"
 
 
 def compute(case, variant, dtype, tolerances: Tolerances,
-            policy=None, accumulation=None) -> dict[str, tuple[np.ndarray, float]]:
+            policy=None, accumulation=None, convention=None) -> dict[str, tuple[np.ndarray, float]]:
     """output name -> (golden float64 array, plain same-dtype error). With
     accumulation="float32" (float16 and bfloat16 only) the plain computation accumulates
-    its products and sums in float32, and a sum in another order costs float32 roundings."""
+    its products and sums in float32, and a sum in another order costs float32 roundings.
+    convention: (policy, choice) of CONVENTION_POLICIES, or None for the default."""
     arrays = rounded_inputs(case, variant, dtype)
-    policies = dict([policy]) if policy else None
+    policies = dict([c for c in (policy, convention) if c]) or None
     source = tolerances.plain_error_from.get(dtype, dtype)
     wide = accumulation == "float32" and dtype in ACCUMULATION_DTYPES
     # NaN, inf and overflow are expected here: policies, poisoned inputs, plain float16
@@ -100,12 +111,21 @@ def compute_case(case, tolerances: Tolerances):
     for variant in case.variants:
         for dtype in case.dtypes:
             for policy in golden_entries(case):
-                key = entry_key(case.id, variant.label, dtype, policy)
-                for name, (gold, error) in compute(case, variant, dtype, tolerances, policy).items():
-                    arrays[f"{key}/{name}"] = gold
-                    arrays[f"{key}/{name}.plain_error"] = np.array(error)
-                if dtype in ACCUMULATION_DTYPES:
-                    for name, (_, error) in compute(case, variant, dtype, tolerances, policy,
-                                                    "float32").items():
-                        arrays[f"{key}/{name}{FLOAT32_TIER}"] = np.array(error)
+                for convention in conventions(case.op):
+                    arrays.update(_entry(case, variant, dtype, tolerances, policy, convention))
+    return arrays
+
+
+def _entry(case, variant, dtype, tolerances, policy, convention) -> dict:
+    """The golden arrays of one entry (entry_key) and their plain errors in each tier."""
+    arrays = {}
+    key = entry_key(case.id, variant.label, dtype, policy, convention)
+    for name, (gold, error) in compute(case, variant, dtype, tolerances, policy, None,
+                                       convention).items():
+        arrays[f"{key}/{name}"] = gold
+        arrays[f"{key}/{name}.plain_error"] = np.array(error)
+    if dtype in ACCUMULATION_DTYPES:
+        for name, (_, error) in compute(case, variant, dtype, tolerances, policy, "float32",
+                                        convention).items():
+            arrays[f"{key}/{name}{FLOAT32_TIER}"] = np.array(error)
     return arrays

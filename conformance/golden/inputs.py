@@ -107,6 +107,13 @@ def _generate(spec: dict, dims: dict) -> np.ndarray:
 def _planned(spec: dict, dims: dict, known: dict) -> tuple[int, ...] | None:
     """The shape an input's generator will make, found without making it (None: not
     known, the generator itself will then report the problem)."""
+    shape = _generated_shape(spec, dims, known)
+    if shape is None or "columns" not in spec:
+        return shape
+    return tuple(shape[:-1]) + (min(spec["columns"], shape[-1]),) if shape else shape
+
+
+def _generated_shape(spec: dict, dims: dict, known: dict) -> tuple[int, ...] | None:
     try:
         if "same_as" in spec:
             return known.get(spec["same_as"])
@@ -141,6 +148,10 @@ _NUMBER_WORDS = {".nan": np.nan, ".inf": np.inf, "-.inf": -np.inf}
 
 
 def _modify(array: np.ndarray, spec: dict) -> np.ndarray:
+    if "columns" in spec:           # MLA: V is a view of K's first Dv columns
+        if array.ndim == 0 or spec["columns"] > array.shape[-1]:
+            raise ValueError(f"columns {spec['columns']} of an input of shape {array.shape}")
+        array = array[..., :spec["columns"]]
     if "times" in spec:
         array = array * spec["times"]
     if "plus" in spec:

@@ -16,67 +16,18 @@ need memory proportional to BLOCK * Lk rather than Lq * Lk.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 
 import numpy as np
 
-from ..model.dtypes import UNIT_ROUNDOFF, numpy_dtype, round_to
+from ..model.dtypes import UNIT_ROUNDOFF
 from ..model.ops import OPS
 from ..model.policies import DEFAULT_POLICIES
+from .rounding import _mm, _r, _sum, rounded_to, rounding_dtype  # noqa: F401 (rounded_to: the API)
+from .serving import merge_states, read_pages  # noqa: F401 (merge_states: an op of the table)
 
 #: query rows processed at once by sdpa and sdpa_vjp
 BLOCK = 256
-
-_ROUNDING = contextvars.ContextVar("rounding", default=None)
-
-
-#: where products and sums accumulate under rounded_to: None (the dtype, as numpy does
-#: it) or "float32" (the accumulation tier of spec/tolerances.yaml)
-_ACCUMULATE = contextvars.ContextVar("accumulate", default=None)
-
-
-@contextlib.contextmanager
-def rounded_to(dtype: str | None, accumulate: str | None = None):
-    """Round every intermediate result to ``dtype`` (None: plain float64); with
-    ``accumulate="float32"`` matrix products and sums of dtype-rounded operands are
-    accumulated in float32, their results rounded to ``dtype``."""
-    token = _ROUNDING.set(None if dtype in (None, "float64") else dtype)
-    wide = _ACCUMULATE.set(accumulate)
-    try:
-        yield
-    finally:
-        _ACCUMULATE.reset(wide)
-        _ROUNDING.reset(token)
-
-
-def _r(x):
-    dtype = _ROUNDING.get()
-    return x if dtype is None else round_to(x, dtype)
-
-
-def _mm(a, b):
-    """a @ b; under rounded_to, computed in that dtype (its accumulation error included)."""
-    dtype = _ROUNDING.get()
-    if dtype is None:
-        return a @ b
-    dt = numpy_dtype(dtype)
-    if _ACCUMULATE.get() == "float32":
-        wide = np.matmul(a.astype(dt).astype(np.float32), b.astype(dt).astype(np.float32))
-        return round_to(wide.astype(np.float64), dtype)
-    return np.matmul(a.astype(dt), b.astype(dt)).astype(np.float64)
-
-
-def _sum(x, axis):
-    """Sum over axis (keepdims); under rounded_to, accumulated in that dtype."""
-    dtype = _ROUNDING.get()
-    if dtype is None:
-        return np.sum(x, axis=axis, keepdims=True)
-    if _ACCUMULATE.get() == "float32":
-        wide = np.sum(x.astype(numpy_dtype(dtype)).astype(np.float32), axis=axis, keepdims=True)
-        return round_to(wide.astype(np.float64), dtype)
-    return np.sum(x.astype(numpy_dtype(dtype)), axis=axis, keepdims=True).astype(np.float64)
 
 
 def _f64(x):
@@ -236,7 +187,7 @@ def _logits(q, k, *, scale, softcap, bias):
         s = _r(softcap * _r(np.tanh(_r(s / softcap))))
     if bias is not None:
         s = _r(s + bias)
-    if _ROUNDING.get() is None:
+    if rounding_dtype() is None:
         return s
     magnitude = np.matmul(np.abs(q), np.swapaxes(np.abs(k), -1, -2)) * abs(scale)
     return _one_rounding_off(s, magnitude)
@@ -250,7 +201,7 @@ def _one_rounding_off(s, magnitude=0.0):
     computation happens to be exact (integer inputs). Each logit moves by one ulp of
     |s| + magnitude, with fixed random signs.
     """
-    dtype = _ROUNDING.get()
+    dtype = rounding_dtype()
     if dtype is None or s.size == 0:
         return s
     signs = np.random.RandomState(0).randint(0, 2, size=s.shape) * 2.0 - 1.0
@@ -407,8 +358,24 @@ def sdpa(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
 def sdpa_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None, policies=None):
     """(sdpa, lse): lse[..., i] = log(sum over allowed keys j of exp(s_ij)) (+ exp(sink)),
-    the natural log of the softmax's denominator; softmax(s)_ij = exp(s_ij - lse_i)."""
-    return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies)
+    the natural log of the softmax's denominator; softmax(s)_ij = exp(s_ij - lse_i).
+    Under lse_base 2 the lse is log2 of it (FlashInfer's), lse / ln 2."""
+    out, lse = _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies)
+    if _policies(policies)["lse_base"] == "2":
+        lse = _r(lse / math.log(2.0))
+    return out, lse
+
+
+def paged_sdpa(q, k_pages, v_pages, *, block_table, kv_lengths, sink=None, page_layout="NHD",
+               causal=None, scale=None, softcap=None, window=None, q_lengths=None,
+               policies=None):
+    """sdpa of q over each sequence's keys and values read from the page pools
+    (serving.read_pages): sequence b has kv_lengths[b] keys, and under bottom_right its
+    query i sits at kv_lengths[b] - q_lengths[b] + i, as sdpa with lengths has it."""
+    k = read_pages(k_pages, block_table, kv_lengths, page_layout)
+    v = read_pages(v_pages, block_table, kv_lengths, page_layout)
+    return sdpa(q, k, v, sink=sink, causal=causal, scale=scale, softcap=softcap,
+                window=window, q_lengths=q_lengths, kv_lengths=kv_lengths, policies=policies)
 
 
 def _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies,
@@ -467,13 +434,13 @@ def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, sc
         p, g = _zero_rows(p, padded), _zero_rows(d_out[..., rows, :], padded)
         dv += _r(_mm(np.swapaxes(p, -1, -2), g))
         dp = _matmul_t(g, v)
-        if _ROUNDING.get() is not None:
+        if rounding_dtype() is not None:
             dp = _one_rounding_off(dp, np.matmul(np.abs(g), np.swapaxes(np.abs(v), -1, -2)))
         row = _sum(_r(dp * p), -1)
         if p_sink is not None:
             d_sink[..., rows] = -_r(p_sink * row)[..., 0]
         ds = _r(p * _r(dp - row))
-        if _ROUNDING.get() is not None:
+        if rounding_dtype() is not None:
             ds = _one_rounding_off(ds, p * (np.abs(dp) + np.abs(row)))
         ds = _zero_rows(np.where(keep | _nan_rows(s, keep, policy), ds, 0.0), padded)
         if softcap is not None:

@@ -174,15 +174,17 @@ class GoldenStore:
             raise found
         return found
 
-    def get(self, case, variant, dtype, policy=None,
-            accumulation=None) -> dict[str, tuple[np.ndarray, float]]:
+    def get(self, case, variant, dtype, policy=None, accumulation=None,
+            convention=None) -> dict[str, tuple[np.ndarray, float]]:
         """output -> (golden, plain_error); frozen for quick cases, live for long ones.
         accumulation="float32" takes the float32 tier's plain error where the dtype has
-        one (float16, bfloat16); anything else, the input-dtype tier."""
+        one (float16, bfloat16); anything else, the input-dtype tier. convention: a
+        (policy, choice) of CONVENTION_POLICIES other than the default (lse_base 2)."""
         if case.profile == "long":
-            return compute(case, variant, dtype, self.tolerances, policy, accumulation)
+            return compute(case, variant, dtype, self.tolerances, policy, accumulation,
+                           convention)
         data = self.topic(case.topic)
-        key = entry_key(case.id, variant.label, dtype, policy)
+        key = entry_key(case.id, variant.label, dtype, policy, convention)
         tier = (FLOAT32_TIER if accumulation == "float32" and dtype in ACCUMULATION_DTYPES
                 else ".plain_error")
         try:

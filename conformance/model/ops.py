@@ -52,6 +52,10 @@ class Op:
 _PIPELINE = ("causal", "scale", "softcap", "window")
 #: per-batch sequence lengths (variable-length batches): lists of ints over dim 0
 _LENGTHS = ("q_lengths", "kv_lengths")
+#: a paged KV cache: the pages of each sequence, its length, and the layout of a page
+_PAGED = ("block_table", "kv_lengths", "page_layout")
+#: the page layouts (the `page_layout` param): (pages, page_size, Hkv, D) or (pages, Hkv, page_size, D)
+PAGE_LAYOUTS = shapes.PAGE_LAYOUTS
 
 OPS: dict[str, Op] = {op.name: op for op in (
     Op("softmax", ("x",), (), ("axis",), (), ("out",), shapes.softmax, (), (),
@@ -78,6 +82,13 @@ OPS: dict[str, Op] = {op.name: op for op in (
        ("dq", "dk", "dv"), shapes.sdpa_vjp, ("q",), ("k", "v"), True, True,
        "the gradients of sdpa for an upstream gradient d_out (and d_sink with a sink)",
        (("d_sink", "sink"),)),
+    Op("paged_sdpa", ("q", "k_pages", "v_pages"), ("sink",),
+       ("causal", "scale", "softcap", "window", "q_lengths") + _PAGED, _PAGED[:2], ("out",),
+       shapes.paged_sdpa, ("q",), (), True, False,
+       "sdpa of each sequence over its keys and values in a paged KV cache (block table)"),
+    Op("merge_states", ("outs", "lses"), (), (), (), ("out", "lse"), shapes.merge_states,
+       (), (), True, False,
+       "N partial attention states (output, lse) merged into one, in the declared lse base"),
 )}
 
 

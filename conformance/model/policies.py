@@ -40,10 +40,17 @@ POLICY_TABLE: dict[str, Policy] = {p.name: p for p in (
     Policy("padded_query_rows", ("zeros", "unspecified"),
            "query at or past its batch element's q_lengths (padding)", "zeros",
            unchecked=("unspecified",)),
+    # not an outcome of a case but the base the backend's lse are in (those it returns
+    # and those it takes): the golden data of the ops of LSE_OPS are kept in each base
+    Policy("lse_base", ("e", "2"),
+           "the base of every log-sum-exp the backend returns and takes (e: ln, 2: log2)", "e"),
 )}
 
 #: policies that set how golden data are compared rather than what a case expects
 TOLERANCE_POLICIES = ("accumulation",)
+#: policies that say how the backend writes a value rather than what a case expects: a
+#: case gives no outcome for them, and the golden data of these ops are kept per choice
+CONVENTION_POLICIES: dict[str, tuple[str, ...]] = {"lse_base": ("sdpa_lse", "merge_states")}
 
 #: name -> its choices
 POLICIES: dict[str, tuple[str, ...]] = {n: p.choices for n, p in POLICY_TABLE.items()}

@@ -163,11 +163,75 @@ def multi_head_attention(s, params):
     return (batch + (s["query"][-2], s["w_o"][1]),)
 
 
+#: the page layouts of a paged KV cache (the `page_layout` param): tokens then heads
+#: (FlashInfer's and vLLM's NHD) or heads then tokens (HND)
+PAGE_LAYOUTS = ("NHD", "HND")
+
+
+def page_pool(shape, layout) -> tuple[int, int, int, int]:
+    """(num_pages, page_size, Hkv, D) of a page pool in its layout."""
+    if len(shape) != 4:
+        raise ValueError(f"a page pool has 4 dims (pages, page_size, heads, D), not {shape}")
+    if layout not in PAGE_LAYOUTS:
+        raise ValueError(f"page_layout {layout!r} is not NHD or HND")
+    pages, a, b, width = shape
+    return (pages, a, b, width) if layout == "NHD" else (pages, b, a, width)
+
+
+def _block_table(table, kv_lengths, pages, page_size):
+    """Each sequence's row lists at least the pages of its kv_lengths, every id a page."""
+    if len(table) != len(kv_lengths):
+        raise ValueError(f"block_table has {len(table)} rows for {len(kv_lengths)} kv_lengths")
+    for b, (row, length) in enumerate(zip(table, kv_lengths)):
+        if not isinstance(row, list) or -(-length // page_size) > len(row):
+            raise ValueError(f"block_table row {b} lists too few pages for kv_lengths {length}"
+                             f" (page_size {page_size})")
+        bad = [i for i in row if not isinstance(i, int) or not 0 <= i < pages]
+        if bad:
+            raise ValueError(f"block_table row {b} has page id {bad[0]} outside 0..{pages - 1}")
+
+
+def paged_sdpa(s, params):
+    q = s["q"]
+    k_pool = page_pool(s["k_pages"], params.get("page_layout", "NHD"))
+    v_pool = page_pool(s["v_pages"], params.get("page_layout", "NHD"))
+    if k_pool[:3] != v_pool[:3]:
+        raise ValueError(f"k_pages {s['k_pages']} and v_pages {s['v_pages']} hold different pages")
+    pages, page_size, heads, width = k_pool
+    if len(q) != 4:
+        raise ValueError(f"q of paged_sdpa is (B, Hq, Lq, Dk), not {q}")
+    if q[-1] != width:
+        raise ValueError(f"q has width {q[-1]} but the key pages {width}")
+    if q[1] % heads:
+        raise ValueError(f"{q[1]} query heads are not a multiple of {heads} kv heads")
+    kv_lengths = params["kv_lengths"]
+    _block_table(params["block_table"], kv_lengths, pages, page_size)
+    score = paged_scores(s, params)
+    sink(s.get("sink"), score)
+    lengths(score, {k: params.get(k) for k in ("q_lengths", "kv_lengths")}, {"q": q})
+    return (q[:3] + (v_pool[3],),)
+
+
+def paged_scores(s, params) -> tuple:
+    """(B, Hq, Lq, L): the scores of paged_sdpa over each sequence's keys, L the longest."""
+    return tuple(s["q"][:3]) + (max(max(params["kv_lengths"]), 1),)
+
+
+def merge_states(s, params):
+    outs, lses = s["outs"], s["lses"]
+    if len(outs) < 3 or tuple(lses) != tuple(outs[:-1]):
+        raise ValueError(f"outs (N, *batch, Lq, Dv) and lses (N, *batch, Lq) do not match:"
+                         f" {outs} and {lses}")
+    return (tuple(outs[1:]), tuple(lses[1:]))
+
+
 def score_shape(op: str, s: dict, params: dict) -> tuple | None:
     """The shape of the score matrix an op computes on the way (None: it computes none),
     for inputs whose shapes are already known to be consistent."""
     if op in ("attention_weights", "sdpa", "sdpa_lse", "sdpa_vjp"):
         return attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0]
+    if op == "paged_sdpa":
+        return paged_scores(s, params)
     if op == "self_attention":
         return s["x"][:-1] + (s["x"][-2],)
     if op == "multi_head_attention":

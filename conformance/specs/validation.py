@@ -23,7 +23,7 @@ from ..model.indexing import parse_index, split_target
 from ..golden.inputs import build_inputs, planned_shapes
 from ..model.ops import OPS, output_shapes
 from ..model.shapes import score_shape
-from ..model.policies import POLICIES, TOLERANCE_POLICIES
+from ..model.policies import CONVENTION_POLICIES, POLICIES, TOLERANCE_POLICIES
 from ..checking.properties import PROPERTIES, property_entry
 from .yaml_reader import SpecError
 from ..checking.statistics import STATISTICS
@@ -390,6 +390,10 @@ def _check_policies(case) -> list[str]:
         if name in TOLERANCE_POLICIES:
             problems.append(f"policy {name} sets the tolerance tier of golden comparisons "
                             "(spec/tolerances.yaml); a case gives no outcome for it")
+            continue
+        if name in CONVENTION_POLICIES:
+            problems.append(f"policy {name} is a convention the golden data are kept in for"
+                            " each choice; a case gives no outcome for it")
             continue
         allowed = POLICIES.get(name, ())
         problems += [f"policy {name} has no choice {choice!r} (its choices: {', '.join(allowed)})"

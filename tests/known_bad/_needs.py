@@ -25,7 +25,7 @@ def _token_names(case):
 
 def causal_with_lq_ne_lk(case):
     q, k = _token_names(case)
-    return bool(case.params.get("causal")) and any(
+    return bool(case.params.get("causal")) and k in case.inputs and any(
         a[q].shape[-2] != a[k].shape[-2] for a in _variant_inputs(case))
 
 
@@ -107,4 +107,16 @@ NEEDS = {
                                  "-5e4", row_scores_below_minus_5e4),
     "vjp_missing_scale": ("sdpa_vjp case with a scale other than 1",
                           lambda c: c.op == "sdpa_vjp" and c.params.get("scale") != 1),
+    "block_table_16bit_ids": ("paged_sdpa case with a block id above 65,535",
+                              lambda c: c.op == "paged_sdpa" and any(
+                                  i > 65535 for row in c.params["block_table"] for i in row)),
+    "last_page_read_in_full": ("paged_sdpa case whose last page is partly filled",
+                               lambda c: c.op == "paged_sdpa"),
+    "unused_page_slots_read": ("paged_sdpa case whose block table lists pages past a length",
+                               lambda c: c.op == "paged_sdpa"),
+    "lse_base2_merged_as_e": ("merge_states case", lambda c: c.op == "merge_states"),
+    "empty_state_merged_as_zero_over_zero": ("merge_states case with a row of empty states",
+                                             lambda c: c.op == "merge_states"),
+    "inf_lse_taken_as_real_state": ("merge_states case with an lse of +inf",
+                                    lambda c: c.op == "merge_states"),
 }

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from attention_conformance.checking import expectations as checks
+from attention_conformance.backends import rules
 from attention_conformance.backends.numpy import NumpyBackend
 from attention_conformance.backend.calling import cast_inputs, checked_outputs
 from attention_conformance.backend.in_process import InProcess
@@ -255,6 +256,16 @@ cases:
       mask: {values: [[true, true, true, true, true, true], [true, false, true, false, false, false], [false, true, false, true, true, false]]}
     dtypes: [float64]
     expect: {golden: true}
+  - id: meta-cascade
+    description: sdpa_lse of 2 requests over 6 keys, the first 4 a shared prefix
+    source: tests/meta/test_checkers.py
+    op: sdpa_lse
+    inputs:
+      q: {normal: {shape: [2, 2, 1, 4], seed: 34}}
+      k: {normal: {shape: [2, 1, 6, 4], seed: 35}}
+      v: {normal: {shape: [2, 1, 6, 3], seed: 36}}
+    dtypes: [float64]
+    expect: {golden: true}
   - id: meta-weights-mean
     description: weights over 8 keys have a mean of 1/8
     source: tests/meta/test_checkers.py
@@ -367,6 +378,14 @@ class LseZeroWhenEmpty(NumpyBackend):
     def sdpa_lse(self, q, k, v, **kw):
         out, lse = super().sdpa_lse(q, k, v, **kw)
         return out, np.where(np.isneginf(lse), 0.0, lse).astype(lse.dtype)
+
+
+class MergesInBase2(NumpyBackend):
+    """Declares lse_base e but merges states as if their lse were log2."""
+
+    def merge_states(self, outs, lses):
+        out, lse = rules.merge_states(outs, lses, "2")
+        return out.astype(outs.dtype), lse.astype(outs.dtype)
 
 
 # --- runs and scenarios -----------------------------------------------------------------
@@ -542,6 +561,12 @@ SCENARIOS = {
         Run("meta-sdpa-lse"), Run("meta-sdpa-lse", backend=LseZeroWhenEmpty(), own=True),
         ("property split_kv_merge: lse of keys [0, 3) and [3, 6) merged vs lse of all keys:"
          " differs by",)),
+    "cascade_merge": Scenario(
+        "property:cascade_merge", lambda ctx: checks.check_properties(
+            ctx, [{"cascade_merge": {"prefix": 4}}]),
+        Run("meta-cascade", own=True), Run("meta-cascade", backend=MergesInBase2(), own=True),
+        ("property cascade_merge: lse of the shared prefix and own keys merged vs lse of the"
+         " whole keys: differs by",)),
     # --- statistics -----------------------------------------------------------------
     "std": Scenario(
         "statistic:std", stat("std"),

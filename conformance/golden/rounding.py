@@ -1,0 +1,68 @@
+"""Rounding of the reference's intermediate results: the "plain same-dtype computation"
+whose error sets the tolerances (spec/tolerances.yaml). Every intermediate result of the
+reference passes through :func:`_r`, the identity in float64 and, inside
+``with rounded_to("float16")``, a rounding to that dtype; :func:`_mm` and :func:`_sum`
+are a product and a sum computed as the plain computation does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import numpy as np
+
+from ..model.dtypes import numpy_dtype, round_to
+
+_ROUNDING = contextvars.ContextVar("rounding", default=None)
+
+#: where products and sums accumulate under rounded_to: None (the dtype, as numpy does
+#: it) or "float32" (the accumulation tier of spec/tolerances.yaml)
+_ACCUMULATE = contextvars.ContextVar("accumulate", default=None)
+
+
+@contextlib.contextmanager
+def rounded_to(dtype: str | None, accumulate: str | None = None):
+    """Round every intermediate result to ``dtype`` (None: plain float64); with
+    ``accumulate="float32"`` matrix products and sums of dtype-rounded operands are
+    accumulated in float32, their results rounded to ``dtype``."""
+    token = _ROUNDING.set(None if dtype in (None, "float64") else dtype)
+    wide = _ACCUMULATE.set(accumulate)
+    try:
+        yield
+    finally:
+        _ACCUMULATE.reset(wide)
+        _ROUNDING.reset(token)
+
+
+def _r(x):
+    dtype = _ROUNDING.get()
+    return x if dtype is None else round_to(x, dtype)
+
+
+def _mm(a, b):
+    """a @ b; under rounded_to, computed in that dtype (its accumulation error included)."""
+    dtype = _ROUNDING.get()
+    if dtype is None:
+        return a @ b
+    dt = numpy_dtype(dtype)
+    if _ACCUMULATE.get() == "float32":
+        wide = np.matmul(a.astype(dt).astype(np.float32), b.astype(dt).astype(np.float32))
+        return round_to(wide.astype(np.float64), dtype)
+    return np.matmul(a.astype(dt), b.astype(dt)).astype(np.float64)
+
+
+def _sum(x, axis):
+    """Sum over axis (keepdims); under rounded_to, accumulated in that dtype."""
+    dtype = _ROUNDING.get()
+    if dtype is None:
+        return np.sum(x, axis=axis, keepdims=True)
+    if _ACCUMULATE.get() == "float32":
+        wide = np.sum(x.astype(numpy_dtype(dtype)).astype(np.float32), axis=axis, keepdims=True)
+        return round_to(wide.astype(np.float64), dtype)
+    return np.sum(x.astype(numpy_dtype(dtype)), axis=axis, keepdims=True).astype(np.float64)
+
+
+def rounding_dtype():
+    """The dtype intermediate results are rounded to (None: plain float64)."""
+    return _ROUNDING.get()
