@@ -25,6 +25,7 @@ from ..model.ops import OPS
 from ..model.policies import DEFAULT_POLICIES
 from .rounding import _mm, _r, _sum, rounded_to, rounding_dtype  # noqa: F401 (rounded_to: the API)
 from .serving import merge_states, read_pages  # noqa: F401 (merge_states: an op of the table)
+from .structure import structured
 
 #: query rows processed at once by sdpa and sdpa_vjp
 BLOCK = 256
@@ -330,6 +331,7 @@ def _row_slices(lq):
     return [slice(start, min(start + BLOCK, lq)) for start in range(0, lq, BLOCK)]
 
 
+@structured
 def attention_weights(q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                       softcap=None, window=None, q_lengths=None, kv_lengths=None,
                       policies=None):
@@ -349,6 +351,7 @@ def _weighted_values(p, keep, v, policy):
     return _r(np.sum(p[..., None] * values, axis=-2))
 
 
+@structured
 def sdpa(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
          softcap=None, window=None, q_lengths=None, kv_lengths=None, policies=None):
     return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies,
@@ -411,6 +414,7 @@ def _unbroadcast(grad, shape):
     return grad
 
 
+@structured
 def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None, q_lengths=None, kv_lengths=None, policies=None):
     """(dq, dk, dv), and d_sink with a sink: the sink is a key of value 0 whose weight
