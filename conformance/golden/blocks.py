@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import reference
+from .structure import STRUCTURE_PARAMS
 
 #: score elements (batch x heads x rows x keys) of one group at most: its temporaries
 #: stay within 64 MiB each, and a group of rows over a million keys still holds 8 rows
@@ -146,8 +147,8 @@ def _direct(s, keep, v):
 def sdpa_rows(q, k, v, *, rows=None, mask=None, bias=None, sink=None, causal=None,
               scale=None, softcap=None, window=None, policies=None):
     """(out, lse) of reference.sdpa_lse, for the query rows `rows` (ascending indices;
-    None: every row): out (..., len(rows), Dv), lse (..., len(rows)). No per-batch
-    lengths (reference.sdpa takes those)."""
+    None: every row): out (..., len(rows), Dv), lse (..., len(rows)). None of
+    UNBLOCKED_PARAMS (reference.sdpa takes those)."""
     started = time.perf_counter()
     q, k, v, bias, scale, shape = reference._prepare(q, k, v, mask, bias, scale)
     mask = None if mask is None else np.asarray(mask, dtype=bool)
@@ -212,10 +213,13 @@ def sdpa_lse(q, k, v, **params):
 BLOCKED = {"sdpa": False, "sdpa_lse": True}
 
 
+#: the params this module leaves to reference.py (per-batch lengths, structured masks)
+UNBLOCKED_PARAMS = ("q_lengths", "kv_lengths") + STRUCTURE_PARAMS
+
+
 def blocked(op: str, params: dict) -> bool:
-    """Does this module compute the op with these params (no per-batch lengths)?"""
-    return op in BLOCKED and params.get("q_lengths") is None \
-        and params.get("kv_lengths") is None
+    """Does this module compute the op with these params (none of UNBLOCKED_PARAMS)?"""
+    return op in BLOCKED and all(params.get(name) is None for name in UNBLOCKED_PARAMS)
 
 
 def run(op: str, arrays: dict, params: dict, policies=None, rows=None) -> tuple:

@@ -21,6 +21,7 @@ import numpy as np
 from ..model.dtypes import UNIT_ROUNDOFF
 from ..model.indexing import parse_index, split_target
 from ..golden.inputs import build_inputs, planned_shapes
+from ..golden.blocks import UNBLOCKED_PARAMS, blocked
 from ..golden.sampled import OPS as SAMPLED_OPS
 from ..model.ops import OPS, output_shapes
 from ..model.shapes import score_shape
@@ -484,8 +485,8 @@ def _check_sampled(case) -> list[str]:
     if case.profile == "quick":
         return ["golden: sampled is for the long and scale profiles, whose golden data are "
                 "computed live (a quick case's are frozen whole: give golden: true)"]
-    if any(case.params.get(n) is not None for n in ("q_lengths", "kv_lengths")):
-        return ["golden: sampled takes no q_lengths or kv_lengths"]
+    if not blocked(case.op, case.params):
+        return [f"golden: sampled takes none of {', '.join(UNBLOCKED_PARAMS)}"]
     return []
 
 
