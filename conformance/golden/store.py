@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .compute import ACCUMULATION_DTYPES, FLOAT32_TIER, compute, entry_key
+from ..model.case import frozen
 from ..model.ops import OPS
 from ..model.files import write_file
 from ..model.folder import SpecFolder, default_folder
@@ -176,11 +177,11 @@ class GoldenStore:
 
     def get(self, case, variant, dtype, policy=None, accumulation=None,
             convention=None) -> dict[str, tuple[np.ndarray, float]]:
-        """output -> (golden, plain_error); frozen for quick cases, live for long ones.
+        """output -> (golden, plain_error); frozen for quick cases, live for the others.
         accumulation="float32" takes the float32 tier's plain error where the dtype has
         one (float16, bfloat16); anything else, the input-dtype tier. convention: a
         (policy, choice) of CONVENTION_POLICIES other than the default (lse_base 2)."""
-        if case.profile == "long":
+        if not frozen(case):
             return compute(case, variant, dtype, self.tolerances, policy, accumulation,
                            convention)
         data = self.topic(case.topic)
