@@ -16,4 +16,5 @@ BUILTIN = {
     "onnxruntime": "attention_conformance.backends.onnxruntime:OnnxruntimeBackend",
     "onnx-reference": "attention_conformance.backends.onnx_reference:OnnxReferenceBackend",
     "paddle": "attention_conformance.backends.paddle:PaddleBackend",
+    "torch-ring": "attention_conformance.backends.torch_ring:TorchRingBackend",
 }
