@@ -14,10 +14,12 @@ from attention_conformance.backend.resolve import load_backend  # noqa: E402
 from attention_conformance.checking.verdict import verdict_of  # noqa: E402
 from attention_conformance.golden.store import GoldenStore  # noqa: E402
 from attention_conformance.specs.loader import load_spec  # noqa: E402
+from _ring_tests import slow_ring  # noqa: E402
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "adding-a-backend.md"
 
 
+@slow_ring
 def test_the_guides_ring_certifies_on_the_sharded_cases(tmp_path):
     [code] = re.findall(r"<!-- ring example -->\n```python\n(.*?)```", GUIDE.read_text(), re.S)
     (tmp_path / "my_ring.py").write_text(code)

@@ -3,7 +3,8 @@ the bugs of ring attention, each planted in a copy of the torch ring.
 
 Each adapter runs the sharded cases (spec/cases/context_parallel.yaml) in this process,
 its ranks forked from it, stopping at the first failure; docs/failures.md names that
-case. The correct ring passing them all is the torch-ring certification (tox -e torch-ring).
+case. The correct ring passing them all is the torch-ring certification; both run in
+`tox -e torch-ring` (slow_ring: seconds each, on its ranks).
 """
 
 import re
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(ROOT / "tests" / "known_bad" / "distributed"))
 
 from _ring_harness import bug_files, catch, load_bug  # noqa: E402
+from _ring_tests import slow_ring  # noqa: E402
 from attention_conformance.golden.store import GoldenStore  # noqa: E402
 from _real_spec import real_spec  # noqa: E402
 
@@ -38,9 +40,15 @@ def test_each_bug_of_the_issue_has_its_adapter():
         assert backend.name.startswith("bad-") and type(backend).__doc__, path
 
 
+@pytest.fixture(scope="module")
+def spec_and_golden():
+    return real_spec(), GoldenStore()
+
+
+@slow_ring
 @pytest.mark.parametrize("path", bug_files(), ids=lambda p: p.stem)
-def test_a_sharded_case_catches_the_bug_where_docs_say(path):
-    found = catch(path, real_spec(), GoldenStore())
+def test_a_sharded_case_catches_the_bug_where_docs_say(path, spec_and_golden):
+    found = catch(path, *spec_and_golden)
     assert found is not None, f"{path.stem} passes every sharded case"
     case, message = found
     assert "the backend raised" not in message, message     # a wrong output, not a crash

@@ -1,6 +1,7 @@
 """A sharded call's ranks (backend/distributed.py): a rank killed in the middle of the
 ring is one crash of its test, the group is ended, the run goes on with a fresh backend
-process, and no rank, store or process of the run outlives it."""
+process, and no rank, store or process of the run outlives it (the run in a fresh pytest
+process: slow_ring, in tox -e torch-ring; in this process, in the suite's quick run)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ pytest.importorskip("torch.distributed")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_isolation import FAULTY, ROOT, alive_with, assert_nothing_left, certify  # noqa: E402
+from test_isolation import FAULTY, ROOT, assert_nothing_left, certify  # noqa: E402
+from _ring_tests import slow_ring  # noqa: E402
 
 from attention_conformance.backend.distributed import RankCrashed  # noqa: E402
 from attention_conformance.backend.in_process import InProcess  # noqa: E402
@@ -27,6 +29,7 @@ CASE = "cp-contiguous-causal-top-left-w2"
 DIED = "rank 1 of 2 died during sdpa_lse (killed by signal SIGKILL); its group of 2 ranks was ended"
 
 
+@slow_ring
 def test_a_rank_killed_mid_ring_is_one_crash_and_the_run_goes_on(tmp_path):
     tag = uuid.uuid4().hex
     done, report = certify(tmp_path, "rank_killed.py:RankKilled",
