@@ -88,6 +88,10 @@ def mutants() -> list[Mutant]:
                CHECKER_TESTS),
         Mutant("unchecked_positions:all", "an unchecked choice leaves every position free",
                CHECKER_TESTS),
+        Mutant("plain_key_nan:none", "no dq element may be NaN in place of the golden",
+               CHECKER_TESTS),
+        Mutant("plain_key_nan:all", "every dq element may be NaN in place of the golden",
+               CHECKER_TESTS),
         Mutant("spec_cache.read", "always a miss (None)", CACHE_TESTS),
         Mutant("spec_cache.write", "stores nothing", CACHE_TESTS),
         Mutant("spec_cache.file_key:no-bytes", "the key ignores the file's bytes", CACHE_TESTS),
@@ -162,6 +166,12 @@ def _apply(name: str) -> None:
             free = original(ctx, name_, shape, policy)
             return None if free is None else np.ones(shape, dtype=bool)
         checks.unchecked_positions = everything
+    elif name == "plain_key_nan:none":
+        checks.plain_key_nan = _noop_like(checks.plain_key_nan)
+    elif name == "plain_key_nan:all":
+        def anywhere(ctx, name_, policy=None):
+            return name_ == "dq" and policy != ("masked_key_nan", "propagates")
+        checks.plain_key_nan = anywhere
     elif name == "spec_cache.read":
         spec_cache.read = _noop_like(spec_cache.read)
     elif name == "spec_cache.write":

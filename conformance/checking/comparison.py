@@ -71,8 +71,15 @@ class Comparison:
                 f" relative {relative:.3g})")
 
 
-def compare(actual: np.ndarray, gold: np.ndarray, tolerance: float) -> Comparison:
-    """An output against its golden (both float64, same shape) under a tolerance."""
+def compare(actual: np.ndarray, gold: np.ndarray, tolerance: float,
+            nan_allowed=None) -> Comparison:
+    """An output against its golden (both float64, same shape) under a tolerance.
+
+    nan_allowed (boolean, broadcastable, or None): positions where the spec accepts a
+    second exact form, NaN, in place of the golden (the `key_nan_columns` rule of
+    docs/interface.md); a NaN there counts as the golden's value."""
+    if nan_allowed is not None:
+        actual = np.where(nan_allowed & np.isnan(actual), gold, actual)
     error, index, pattern = worst_error(actual, gold)
     at = index if actual.ndim else ()
     return Comparison(error, index, pattern, tolerance, float(actual[at]) if actual.size else 0.0,

@@ -19,7 +19,7 @@ from ..model.ops import OPS
 from ..model.errors import CheckFailure
 from ..model.policies import POLICY_TABLE, ROW_BY_ROW
 from .properties import CALLS_BACKEND, PROPERTIES, property_entry
-from ..golden.reference import padded_queries
+from ..golden.reference import key_nan_columns, padded_queries
 from .statistics import STATISTICS
 
 
@@ -68,6 +68,17 @@ def unchecked_positions(ctx: Context, name: str, shape, policy=None):
     return padded_queries(tuple(shape), q_lengths)
 
 
+def plain_key_nan(ctx: Context, name: str, policy=None):
+    """Boolean of the dq positions where NaN stands for the golden, or None: unless the
+    golden is masked_key_nan's `propagates`, a dq element that a plain dS K fills with
+    0 * NaN from a key its row does not read (reference.key_nan_columns)."""
+    k = ctx.arrays.get("k")
+    if ctx.case.op != "sdpa_vjp" or name != "dq" or k is None or np.all(np.isfinite(k)) \
+            or policy == ("masked_key_nan", "propagates"):
+        return None
+    return key_nan_columns(ctx.arrays["q"], k, mask=ctx.arrays.get("mask"), **ctx.params)
+
+
 def check_golden(ctx: Context, policy=None) -> float:
     """Compare every output with its golden; return the worst error / tolerance.
 
@@ -81,7 +92,8 @@ def check_golden(ctx: Context, policy=None) -> float:
         free = unchecked_positions(ctx, name, np.shape(actual), policy)
         if free is not None:
             actual = np.where(free, gold, actual)
-        result = compare(actual, gold, rule.output(ctx.dtype, plain_error, gold))
+        result = compare(actual, gold, rule.output(ctx.dtype, plain_error, gold),
+                         plain_key_nan(ctx, name, policy))
         worst = max(worst, result.ratio)
         if not result.ok:
             problems.append(

@@ -475,16 +475,57 @@ def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, sc
         ds = _r(p * _r(dp - row))
         if _ROUNDING.get() is not None:
             ds = _one_rounding_off(ds, p * (np.abs(dp) + np.abs(row)))
-        ds = _zero_rows(np.where(keep | _nan_rows(s, keep, policy), ds, 0.0), padded)
         if softcap is not None:
-            raw = _logits(q[..., rows, :], k, scale=scale, softcap=None, bias=None)
-            ds = _r(ds * _r(1.0 - np.tanh(raw / softcap) ** 2))
-        dq[..., rows, :] += _r(_r(_mm(ds, k)) * scale)
+            with np.errstate(invalid="ignore"):
+                raw = _logits(q[..., rows, :], k, scale=scale, softcap=None, bias=None)
+                ds = _r(ds * _r(1.0 - np.tanh(raw / softcap) ** 2))
+        ds = _zero_rows(np.where(keep | _nan_rows(s, keep, policy), ds, 0.0), padded)
+        dq[..., rows, :] += _r(_r(_dq_keys(ds, k, keep, policy)) * scale)
         dk += _r(_r(_mm(np.swapaxes(ds, -1, -2), q[..., rows, :])) * scale)
     grads = (_unbroadcast(dq, q_shape), _unbroadcast(dk, k_shape), _unbroadcast(dv, v_shape))
     if sink is None:
         return grads
     return grads + (_unbroadcast_sink(_sum(d_sink, -1)[..., 0], np.shape(sink)),)
+
+
+def _dq_keys(ds, k, keep, policy):
+    """dS K. Under masked_key_nan `ignored` (and `per_row`) a key disallowed for a row is
+    not read by that row: a non-finite entry of it reaches no element of the row's dq,
+    as in a kernel that never loads a masked key (docs/interface.md). The plain product,
+    which multiplies it by the exact zero of dS (0 * NaN), is what key_nan_columns accepts."""
+    bad = ~np.isfinite(k)
+    if policy["masked_key_nan"] == "propagates" or not np.any(bad):
+        return _mm(ds, k)
+    out = _mm(ds, np.where(bad, 0.0, k))
+    with np.errstate(invalid="ignore"):
+        for j in np.flatnonzero(np.any(bad, axis=tuple(range(bad.ndim - 2)) + (-1,))):
+            term = ds[..., :, j:j + 1] * np.where(bad[..., j:j + 1, :], k[..., j:j + 1, :], 0.0)
+            out = out + np.where(keep[..., :, j:j + 1], term, 0.0)
+    return out
+
+
+def key_nan_columns(q, k, *, mask=None, causal=None, window=None, q_lengths=None,
+                    kv_lengths=None, **_):
+    """Boolean of dq's shape (q's): where a plain kernel's dq = dS K meets a non-finite
+    entry of a key that row does not read (0 * NaN): element (i, c) when some key j
+    disallowed for query i (or any key, for a padded query) holds a NaN or inf in column
+    c. Under masked_key_nan `ignored` such an element may be NaN (docs/interface.md)."""
+    q, k = _f64(q), _expand_kv(_f64(q), _f64(k))
+    shape = np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
+    keep = np.broadcast_to(_keys_for(shape, causal, window, q_lengths, kv_lengths), shape)
+    if mask is not None:
+        keep = keep & np.asarray(mask, dtype=bool)
+    padded = _padded_rows(shape, q_lengths)
+    if padded is not None:
+        keep = keep & ~padded
+    bad = (~np.isfinite(k)).astype(np.float64)
+    hits = np.matmul((~keep).astype(np.float64), bad) > 0     # (*batch, Lq, Dk)
+    while hits.ndim > q.ndim:
+        hits = hits.any(axis=0)
+    for axis, size in enumerate(q.shape):
+        if size == 1 and hits.shape[axis] != 1:
+            hits = hits.any(axis=axis, keepdims=True)
+    return np.broadcast_to(hits, q.shape)
 
 
 def _unbroadcast_sink(grad, shape):

@@ -418,6 +418,10 @@ def golden(ctx):
     return checks.check_golden(ctx)
 
 
+def ignoring_key_nan(ctx):
+    return checks.check_golden(ctx, ("masked_key_nan", "ignored"))
+
+
 def policy(ctx):
     return checks.policy_outcome(ctx, ctx.case.expect["policy"])
 
@@ -625,6 +629,16 @@ SCENARIOS = {
         Run("meta-sdpa-long-half", dtype="float16", backend=Declares(),
             tamper=adding((1, 2), lambda ctx: 3 * between_tiers(ctx))),
         ("golden out: worst abs error", "at [1, 2]", "plain float16 error")),
+    "golden: a plain dS K's 0 x NaN in dq (key_nan_columns)": Scenario(
+        "check_golden", ignoring_key_nan,
+        Run("meta-nan-masked-key-vjp", tamper=in_dq((slice(None), 1), np.nan)),
+        Run("meta-nan-masked-key-vjp", tamper=in_dq((slice(None), 0), np.nan)),
+        ("golden dq under masked_key_nan=ignored: NaN pattern differs at [0, 0]",)),
+    "golden: a key_nan column without NaN is compared": Scenario(
+        "check_golden", ignoring_key_nan,
+        Run("meta-nan-masked-key-vjp"),
+        Run("meta-nan-masked-key-vjp", tamper=in_dq((0, 1), 1.0, add=True)),
+        ("golden dq under masked_key_nan=ignored: worst abs error 1 at [0, 1]",)),
     "golden NaN pattern (NaN where the golden is finite)": Scenario(
         "check_golden", golden,
         Run("meta-nan-row"), Run("meta-nan-row", tamper=setting((0, 0), np.nan)),
@@ -732,7 +746,8 @@ BRANCHES = ("golden NaN pattern (NaN where the golden is finite)",
             "policy: unspecified leaves padded query rows free",
             "policy: zeros checks padded query rows",
             "exact NaN", "exact slice of an input", "close NaN", "close, atol",
-            "golden float32 accumulation tier")
+            "golden float32 accumulation tier",
+            "golden: a plain dS K's 0 x NaN in dq (key_nan_columns)")
 
 
 # --- building contexts ------------------------------------------------------------------

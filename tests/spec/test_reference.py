@@ -199,6 +199,33 @@ def test_neg_inf_bias_row_and_nan_policies():
     assert np.isnan(R.sdpa(q, k, v_nan, mask=mask, policies={"masked_value_nan": "propagates"})).any()
 
 
+def test_ignored_gradients_read_no_key_a_query_may_not_see():
+    """masked_key_nan ignored: dq of a query is dS K over the keys it may see, so a NaN
+    in a key it may not see is in none of its gradients (the never-read form); a key
+    some query sees makes only that row NaN. key_nan_columns marks the dq elements a
+    plain dS K fills with 0 * NaN instead."""
+    q, k, v, d_out = (rng(s).standard_normal(shape) for s, shape in
+                      ((11, (2, 4, 3)), (12, (2, 5, 3)), (13, (2, 5, 2)), (14, (2, 4, 2))))
+    k_nan = k.copy()
+    k_nan[:, 4, 1] = np.nan                       # key 4: hidden from every query
+    k_nan[:, 3, 2] = np.nan                       # key 3: seen by query 3 alone
+    clean = R.sdpa_vjp(q, k * (np.arange(5) < 4)[:, None], v, d_out, causal="top_left")
+    dq, dk, dv = R.sdpa_vjp(q, k_nan, v, d_out, causal="top_left")
+    assert np.allclose(dq[:, :3], clean[0][:, :3]) and np.isnan(dq[:, 3]).all()
+    assert np.all(dk[:, 4] == 0)                  # no row's dS reaches key 4
+    only_hidden = np.where(np.arange(5)[:, None] == 3, k, k_nan)
+    alone = R.sdpa_vjp(q, only_hidden, v, d_out, causal="top_left")
+    assert all(np.isfinite(g).all() for g in alone)   # key 4's NaN alone reaches nothing
+    plain, _, _ = R.sdpa_vjp(q, k_nan, v, d_out, causal="top_left",
+                             policies={"masked_key_nan": "propagates"})
+    assert np.isnan(plain).all()
+    columns = R.key_nan_columns(q, k_nan, causal="top_left")
+    expected = np.zeros(q.shape, bool)
+    expected[:, :, 1] = True                      # key 4, column 1: no query sees it
+    expected[:, :3, 2] = True                     # key 3, column 2: queries 0-2 do not
+    assert np.array_equal(columns, expected)
+
+
 # --- gradients, blocks, rounding ------------------------------------------------------
 
 GRADIENT_CASES = [
