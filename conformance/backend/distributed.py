@@ -5,7 +5,7 @@ distributed form, which it declares as `distributed`:
 
 - ``"torch.distributed"``: the suite starts W rank processes (torch.multiprocessing,
   forked from the backend's process), joins them in one gloo process group (the default
-  group, through a TCP store on the loopback), and calls the adapter's op in each with that
+  group, through a TCP store on the loopback that rank 0 serves), and calls the adapter's op in each with that
   rank's shard and ``shard=`` its place (backend/rank.py); each returns its rows;
 - ``"spmd"``: one call in the backend's own process with every rank's shard stacked on a
   new leading axis (W, ...), as ``shard_map`` takes them; it returns its outputs stacked.
@@ -104,18 +104,20 @@ def _ranks(method, op, shards, places, sharding, params) -> list[tuple]:
 
     world, started = sharding.world_size, []
     store = rank.open_store()
+    port = store.getsockname()[1]
     try:
         context = rank.context()
         for r, shard in enumerate(shards):
             args, keywords = _positional(op, shard)
             receive, send = context.Pipe(duplex=False)
-            job = rank.Job("torch.distributed", r, world, store.port,
+            job = rank.Job("torch.distributed", r, world, port, store.fileno(),
                            shard_description(sharding, places, r))
             process = context.Process(target=rank.main, daemon=True,
                                       args=(job, method, args, {**keywords, **params}, send))
             process.start()
             send.close()
             started.append((process, receive))
+        store.close()       # rank 0 holds it now
         answers = _answers(started, op, world)
         failed = [r for r, a in enumerate(answers) if a is not None and a[0] != "outputs"]
         for r in failed[:1]:
@@ -123,7 +125,7 @@ def _ranks(method, op, shards, places, sharding, params) -> list[tuple]:
         return [_result(op, shards[r], r, world, answer) for r, answer in enumerate(answers)]
     finally:
         _end(started)
-        del store
+        store.close()
 
 
 def _answers(started, op, world) -> list:

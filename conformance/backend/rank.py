@@ -1,8 +1,8 @@
 """What runs in one rank of a sharded call (backend/distributed.py starts W of them).
 
 A rank is a process forked from the backend's (torch.multiprocessing): it joins its
-group (torch.distributed, gloo, through the TCP store the backend's process serves on
-the loopback for that one call: no file is left behind), calls the
+group (torch.distributed, gloo, through a TCP store on the loopback that rank 0 serves
+on a socket the backend's process bound for that one call: no file is left behind), calls the
 adapter's op with its shard and ``shard=`` its place, waits at a barrier until every rank
 has returned (so that no rank leaves while another still receives from it), sends its
 outputs (or what it raised) to the suite, and leaves at once (os._exit: nothing of the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,17 +29,21 @@ class Job:
     form: str           # the adapter's distributed form: "torch.distributed"
     rank: int
     world_size: int
-    store_port: int     # the port of the group's TCP store on 127.0.0.1
+    store_port: int     # the port of the group's TCP store on 127.0.0.1 (rank 0 serves it)
+    store_fd: int       # rank 0: the listening socket of that store, inherited
     shard: dict         # what the adapter's op receives as `shard`
 
 
-def open_store():
-    """The group's store, served by the backend's process for one call (its port chosen
-    by the system); it closes with the object."""
-    import torch.distributed as dist
-
-    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=GROUP_TIMEOUT,
-                         wait_for_workers=False)
+def open_store() -> socket.socket:
+    """The listening socket of the group's store, bound here on the loopback (its port
+    chosen by the system) and served by rank 0, which inherits it: this process starts
+    no thread of torch's before it forks the ranks (a lock a thread holds at a fork
+    would be held forever in the child). Closed here once the ranks are started."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.set_inheritable(True)
+    return listener
 
 
 def context():
@@ -70,7 +75,10 @@ def _join(job: Job) -> None:
     import torch.distributed as dist
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    store = dist.TCPStore("127.0.0.1", job.store_port, None, False, timeout=GROUP_TIMEOUT)
+    serves = job.rank == 0
+    store = dist.TCPStore("127.0.0.1", job.store_port, job.world_size, serves,
+                          timeout=GROUP_TIMEOUT, wait_for_workers=False,
+                          master_listen_fd=job.store_fd if serves else None)
     dist.init_process_group("gloo", store=store, rank=job.rank, world_size=job.world_size,
                             timeout=GROUP_TIMEOUT)
 
