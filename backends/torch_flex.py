@@ -43,8 +43,11 @@ shapes, so the whole spec takes hours compiled. ``paths`` says which one ran.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import warnings
+
+import numpy as np
 
 import torch
 import torch.nn.attention.flex_attention as flex_module
@@ -103,20 +106,54 @@ def _score_mod(softcap, bias):
     return score_mod
 
 
-def _mask_mod(mask, allowed):
-    """flex's mask_mod: the keys causal and window allow (rules.allowed, (Lq, Lk)) and the
-    boolean mask (B, H, Lq, Lk), and-ed; None when there is neither."""
-    if mask is None and allowed is None:
+def _mask_mod(mask, allowed, documents=None):
+    """flex's mask_mod: the keys causal and window allow (rules.allowed, (Lq, Lk)), the
+    boolean mask (B, H, Lq, Lk) and flex's document mask (documents: the query and key
+    document ids, (B, Lq) and (B, Lk): ``q_doc[b, q_idx] == kv_doc[b, kv_idx]``), and-ed;
+    None when there is none of them."""
+    if mask is None and allowed is None and documents is None:
         return None
 
     def mask_mod(b, h, q_idx, kv_idx):
-        if mask is None:
-            return allowed[q_idx, kv_idx]
-        if allowed is None:
-            return mask[b, h, q_idx, kv_idx]
-        return allowed[q_idx, kv_idx] & mask[b, h, q_idx, kv_idx]
+        keep = []
+        if allowed is not None:
+            keep.append(allowed[q_idx, kv_idx])
+        if mask is not None:
+            keep.append(mask[b, h, q_idx, kv_idx])
+        if documents is not None:
+            keep.append(documents[0][b, q_idx] == documents[1][b, kv_idx])
+        result = keep[0]
+        for more in keep[1:]:
+            result = result & more
+        return result
 
     return mask_mod
+
+
+def _document_ids(ids, batch: int):
+    """Segment ids (L,) or (B0, L) as a (batch, L) tensor of flex's flattened batch (each
+    row of dim 0 repeated over the batch dims after it)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    ids = np.broadcast_to(ids, (batch,) + ids.shape) if ids.ndim == 1 else \
+        np.repeat(ids, batch // ids.shape[0], axis=0)
+    return torch.from_numpy(np.ascontiguousarray(ids)).to(torch.get_default_device())
+
+
+def _documents_native(method):
+    """Take q_segment_ids / kv_segment_ids out of the call to the inherited op, for
+    _attend to give flex as its document mask_mod (not folded into a dense mask)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, q_segment_ids=None, kv_segment_ids=None, **params):
+        if q_segment_ids is None and kv_segment_ids is None:
+            return method(self, *args, **params)
+        if q_segment_ids is None or kv_segment_ids is None:
+            raise ValueError("q_segment_ids and kv_segment_ids are given together")
+        self._documents = (q_segment_ids, kv_segment_ids)
+        try:
+            return method(self, *args, **params)
+        finally:
+            self._documents = None
+    return wrapper
 
 
 class TorchFlexBackend(TorchBackend):
@@ -167,8 +204,8 @@ class TorchFlexBackend(TorchBackend):
             self._flex = flex_attention
             how = "flex_attention eagerly (torch's unfused reference path)"
         on = f"{how} on {self.device}"
-        mods = "score_mod: softcap, bias; BlockMask from mask_mod: causal, window, mask; " \
-               "enable_gqa"
+        mods = "score_mod: softcap, bias; BlockMask from mask_mod: causal, window, mask, " \
+               "documents (q_segment_ids, kv_segment_ids); enable_gqa"
         self.versions["flex_attention"] = "compiled" if self.compiled else "eager"
         self.paths = {
             "softmax": "not run: calls no flex_attention (the torch backend certifies it)",
@@ -204,10 +241,12 @@ class TorchFlexBackend(TorchBackend):
         full = (b, hq, lq, lk)     # flex's mods index the scores' own (b, h, q, kv)
         mask4 = None if mask is None else _to_4d(mask, rank, lead).expand(full)
         bias4 = None if bias is None else _to_4d(bias, rank, lead).expand(full)
-        mask_mod = _mask_mod(mask4, allowed)
+        documents = None if self._documents is None else \
+            tuple(_document_ids(ids, b) for ids in self._documents)
+        mask_mod = _mask_mod(mask4, allowed, documents)
         block_mask = None
         if mask_mod is not None:
-            batched = mask4 is not None
+            batched = mask4 is not None or documents is not None
             block_mask = create_block_mask(mask_mod, b if batched else None,
                                            hq if batched else None, lq, lk,
                                            device=q4.device)
@@ -226,6 +265,11 @@ class TorchFlexBackend(TorchBackend):
         return out.reshape(out_shape)
 
     # ------------------------------------------------------------ operations
+
+    _documents = None         # the segment ids of the call running, for _attend
+    attention_weights = _documents_native(TorchBackend.attention_weights)
+    sdpa = _documents_native(TorchBackend.sdpa)
+    sdpa_vjp = _documents_native(TorchBackend.sdpa_vjp)
 
     def softmax(self, x, axis=-1):
         raise NotImplementedError(f"{self.name}: softmax calls no flex_attention "

@@ -105,10 +105,29 @@ def lengths(score, params, s):
             raise ValueError(f"{name} {bad[0]} is outside 0..{full}")
 
 
+def segments(score, params):
+    """q_segment_ids / kv_segment_ids, given together: Lq (Lk) ints shared by the batch, or
+    one such list per element of dim 0 of the scores."""
+    given = [params.get(n) is not None for n in ("q_segment_ids", "kv_segment_ids")]
+    if not any(given):
+        return
+    if not all(given):
+        raise ValueError("q_segment_ids and kv_segment_ids are given together")
+    for name, size in (("q_segment_ids", score[-2]), ("kv_segment_ids", score[-1])):
+        ids = params[name]
+        rows = ids if isinstance(ids[0], list) else [ids]
+        if rows is ids and (len(score) < 3 or len(ids) != score[0]):
+            raise ValueError(f"{name} has {len(ids)} lists: one a batch element needs"
+                             f" {score[0]} and a batch dim (the scores {score})")
+        if any(len(row) != size for row in rows):
+            raise ValueError(f"{name} needs {size} ids a list (the scores {score})")
+
+
 def attention_weights(s, params):
     score = attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0]
     sink(s.get("sink"), score)
     lengths(score, params, s)
+    segments(score, params)
     return (score,)
 
 
@@ -116,6 +135,7 @@ def sdpa(s, params):
     score, out = attention(s["q"], s["k"], s["v"], s.get("mask"), s.get("bias"))
     sink(s.get("sink"), score)
     lengths(score, params, s)
+    segments(score, params)
     return (out,)
 
 

@@ -109,8 +109,9 @@ def case_problems(op: str, shapes: dict, params: dict) -> list[str]:
         return [f"sharding applies to {', '.join(SHARDED_OPS)}, not {op}"]
     problems = [f"a sharded case takes no {name} (its key axis would be split too)"
                 for name in UNSHARDABLE if name in shapes]
-    problems += [f"a sharded case takes no {name} (a distributed form of lengths is not "
-                 "specified)" for name in ("q_lengths", "kv_lengths") if name in params]
+    problems += [f"a sharded case takes no {name} (its distributed form is not specified)"
+                 for name in ("q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids")
+                 if name in params]
     sharding = Sharding.of(params["sharding"])
     for side, name in (("q", "q"), ("kv", "k")):
         if name in shapes:
