@@ -25,13 +25,17 @@ Functions and classes:
 - ``segment_mask``, ``structure_mask``, ``structure_as_mask``: packed documents
   (``q_segment_ids``, ``kv_segment_ids``) as a boolean mask, for a framework without
   document masking (``lengths_as_mask`` folds them in too);
-- ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back.
+- ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back;
+- ``key_range``: the keys a block of queries may see (a blocked kernel skips the rest);
+- ``memory_bytes``, ``check_size``: refuse, with the reason, a call whose score matrices
+  this machine cannot hold (NotImplementedError: the test is unsupported, by size).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 
 import numpy as np
 
@@ -85,6 +89,19 @@ def allowed(lq: int, lk: int, causal=None, window=None, *, offset=None):
     if right is not None:
         keep &= key <= position + right
     return keep
+
+
+def key_range(first: int, end: int, lq: int, lk: int, causal=None, window=None) -> tuple:
+    """[lo, hi): the keys that queries first .. end - 1 may see under causal and window
+    (hi <= lo: none); a blocked kernel computes those keys' scores alone."""
+    check_causal(causal)
+    offset = causal_offset(lq, lk, causal)
+    left, right = window_sides(window)
+    lo = 0 if left is None else max(0, first + offset - left)
+    hi = lk if causal is None else min(lk, end - 1 + offset + 1)
+    if right is not None:
+        hi = min(hi, end - 1 + offset + right + 1)
+    return lo, hi
 
 
 def and_masks(*masks):
@@ -288,3 +305,42 @@ class Layout:
         """(B, H, Lq, X) -> (*batch, H, Lq, X), at the rank the inputs broadcast to."""
         full = self.batch + tuple(y.shape[1:])
         return y.reshape(full[len(full) - self._rank_out:])
+
+
+# ---------------------------------------------------------------- size
+
+
+def memory_bytes() -> int:
+    """This machine's memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def score_shape(q_shape, k_shape) -> tuple:
+    """The shape of the scores of q and k: batch dims broadcast, the query heads (a
+    multiple of the kv heads), Lq, Lk."""
+    q_shape, k_shape = tuple(q_shape), tuple(k_shape)
+    if len(q_shape) >= 3 and len(k_shape) >= 3:
+        heads = (max(q_shape[-3], k_shape[-3]),)
+        lead = np.broadcast_shapes(q_shape[:-3], k_shape[:-3]) + heads
+    else:
+        lead = np.broadcast_shapes(q_shape[:-2], k_shape[:-2])
+    return tuple(lead) + (q_shape[-2], k_shape[-2])
+
+
+def check_size(name: str, q_shape, k_shape, itemsize: int = 4, copies: int = 3,
+               share: float = 0.5, memory: int | None = None) -> None:
+    """Raise NotImplementedError (the test is unsupported, by size) when `copies` score
+    matrices of these query and key shapes, in elements of `itemsize` bytes, need more
+    than `share` of this machine's memory (`memory` bytes: a device's own): what an
+    adapter whose framework materializes the scores calls before it does."""
+    memory = memory_bytes() if memory is None else memory
+    shape = score_shape(q_shape, k_shape)
+    needed = math.prod(shape) * itemsize * copies
+    if memory and needed > share * memory:
+        raise NotImplementedError(
+            f"{name}: unsupported by size: {copies} score matrices of shape {shape} "
+            f"({itemsize}-byte elements) need {needed / 1e9:.1f} GB, more than "
+            f"{share:g} of this machine's {memory / 1e9:.1f} GB")
