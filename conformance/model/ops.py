@@ -54,8 +54,10 @@ _PIPELINE = ("causal", "scale", "softcap", "window")
 _LENGTHS = ("q_lengths", "kv_lengths")
 #: packed documents: a document id per query and per key (lists of ints)
 _SEGMENTS = ("q_segment_ids", "kv_segment_ids")
+#: block-sparse masks: which (query block, key block) pairs are computed, and block sizes
+_BLOCKS = ("block_mask", "block_size")
 #: the params of the attention ops that take lengths and structure
-_ATTENTION = _PIPELINE + _LENGTHS + _SEGMENTS
+_ATTENTION = _PIPELINE + _LENGTHS + _SEGMENTS + _BLOCKS
 #: the case computed over W ranks by the backend's distributed form (model/sharding.py)
 _SHARDING = ("sharding",)
 

@@ -110,8 +110,8 @@ def case_problems(op: str, shapes: dict, params: dict) -> list[str]:
     problems = [f"a sharded case takes no {name} (its key axis would be split too)"
                 for name in UNSHARDABLE if name in shapes]
     problems += [f"a sharded case takes no {name} (its distributed form is not specified)"
-                 for name in ("q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids")
-                 if name in params]
+                 for name in ("q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids",
+                              "block_mask", "block_size") if name in params]
     sharding = Sharding.of(params["sharding"])
     for side, name in (("q", "q"), ("kv", "k")):
         if name in shapes:
