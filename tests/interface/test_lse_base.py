@@ -13,7 +13,7 @@ from attention_conformance.backends import rules
 from attention_conformance.backends.numpy import NumpyBackend
 from attention_conformance.checking.verdict import run_case
 from attention_conformance.golden.store import GoldenStore
-from attention_conformance.model.errors import CheckFailure
+from attention_conformance.model.errors import CheckFailure, Unsupported
 
 from _real_spec import real_spec
 
@@ -48,6 +48,8 @@ def _failures(backend):
             run_case(InProcess(backend), case, variant, dtype, golden)
         except CheckFailure:
             failed.append(case.id)
+        except Unsupported:           # a form the NumPy backend lacks (a sharded case)
+            pass
     return failed
 
 
