@@ -7,7 +7,8 @@ beside this machine's float64 matrix-product rate, measured in the same process 
 and after the run.
 
 The golden data are computed again here, test by test, after the run (the judge's
-process computed them during it, timed by nobody): the same code on the same inputs,
+process computed them during it, timed by nobody): the same code on the same inputs
+(made first, untimed: the run makes them once for the backend's call and the golden),
 right after, on the same machine.
 """
 
@@ -25,7 +26,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")      # as certify sets it for
 
 import numpy as np  # noqa: E402
 
-from attention_conformance.golden import blocks  # noqa: E402
+from attention_conformance.golden import blocks, compute  # noqa: E402
 from attention_conformance.golden.store import GoldenStore  # noqa: E402
 from attention_conformance.model.folder import default_folder  # noqa: E402
 from attention_conformance.specs.loader import load_file  # noqa: E402
@@ -74,7 +75,7 @@ def certify(backend: str, report: Path) -> dict:
         time.sleep(0.25)
     reader.join()
     wall = time.perf_counter() - start
-    records = json.loads((report / f"{backend}.json").read_text())["records"]
+    records = json.loads((report / f"{backend}.json").read_text())["results"]
     return {"wall": round(wall, 1), "peak_memory_gb": round(peak[0] / 1e9, 2),
             "rc": process.returncode, "load_average": [round(x, 2) for x in os.getloadavg()],
             "tests": {r["id"]: {"status": r["status"], "seconds": round(r["seconds"], 1),
@@ -105,7 +106,9 @@ def matmul_rate(seconds: float = 3.0, size: int = 1024) -> float:
 
 
 def golden_cost(test_ids) -> dict:
-    """Each test's golden data computed again: seconds, and the reference's work (blocks.STATS)."""
+    """Each test's golden data computed again: seconds, and the reference's work
+    (blocks.STATS); its inputs made first, untimed (a scale test's are made once and
+    shared by its call and its golden: compute.rounded_inputs)."""
     cases, _ = load_file(default_folder().cases_dir / "scale.yaml")
     store, found = GoldenStore(), {}
     for case in cases:
@@ -115,6 +118,7 @@ def golden_cost(test_ids) -> dict:
                 test = f"{case.topic}/{case.id}[{label}]"
                 if test not in test_ids:
                     continue
+                compute.rounded_inputs(case, variant, dtype)
                 blocks.reset_stats()
                 start = time.perf_counter()
                 store.get(case, variant, dtype)

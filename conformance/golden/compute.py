@@ -78,12 +78,12 @@ def rounded_inputs(case, variant, dtype) -> dict[str, np.ndarray]:
     """The case's inputs as the backend sees them, in float64 (bool masks unchanged). A
     scale case's are made once for its test and shared, read-only, by the test's inputs
     and its golden (the last test's alone are kept: a million keys are 1 GB a copy)."""
-    key = (repr(case.inputs), repr(variant.dims), dtype)
-    if case.profile == "scale" and key in _ROUNDED:
+    key = (repr(case.inputs), repr(variant.dims), dtype) if case.profile == "scale" else None
+    if key in _ROUNDED:
         return dict(_ROUNDED[key])
     arrays = generated_inputs(case, variant)
     rounded = {n: a.copy() if a.dtype == bool else round_to(a, dtype) for n, a in arrays.items()}
-    if case.profile == "scale":
+    if key is not None:
         _ROUNDED.clear()
         for array in rounded.values():
             array.setflags(write=False)
