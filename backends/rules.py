@@ -22,9 +22,10 @@ Functions and classes:
 - ``and_masks(*masks)``: the positions every given mask allows;
 - ``compose_lengths``, ``zero_padded_rows``, ``lengths_as_mask``: ``q_lengths`` and
   ``kv_lengths`` for a framework that takes a boolean mask but no lengths;
-- ``segment_mask``, ``structure_mask``, ``structure_as_mask``: packed documents
-  (``q_segment_ids``, ``kv_segment_ids``) as a boolean mask, for a framework without
-  document masking (``lengths_as_mask`` folds them in too);
+- ``segment_mask``, ``block_mask_dense``, ``structure_mask``, ``structure_as_mask``:
+  packed documents (``q_segment_ids``, ``kv_segment_ids``) and block-sparse masks
+  (``block_mask``, ``block_size``) as one boolean mask, for a framework without them
+  (``lengths_as_mask`` folds them in too);
 - ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back;
 - ``key_range``: the keys a block of queries may see (a blocked kernel skips the rest);
 - ``memory_bytes``, ``check_size``, ``sized``: refuse, with the reason, a call whose score
@@ -161,9 +162,10 @@ def zero_padded_rows(x, padded):
 
 def lengths_as_mask(method):
     """Wrap an adapter's attention_weights, sdpa or sdpa_vjp for a framework without
-    lengths or segment ids: segment ids are and-ed into the mask (segment_mask); with
-    q_lengths or kv_lengths, call it with the composed mask (causal and window folded
-    in) and zero the padded rows of what it returns; without, call it as it is."""
+    lengths or structure: segment ids and a block mask are and-ed into the mask
+    (structure_mask); with q_lengths or kv_lengths, call it with the composed mask
+    (causal and window folded in) and zero the padded rows of what it returns; without,
+    call it as it is."""
     vjp = method.__name__ == "sdpa_vjp"
 
     @functools.wraps(method)
@@ -235,7 +237,7 @@ def structure_mask(mask, q_shape, k_shape, *, q_segment_ids=None, kv_segment_ids
 
 def structure_as_mask(method):
     """Wrap an adapter's attention_weights, sdpa or sdpa_vjp that takes lengths its own
-    way but no segment ids: they are and-ed into its mask (structure_mask)."""
+    way but no segment ids or block mask: they are and-ed into its mask (structure_mask)."""
 
     @functools.wraps(method)
     def wrapper(self, q, k, *arrays, mask=None, **params):

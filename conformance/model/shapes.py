@@ -123,11 +123,37 @@ def segments(score, params):
             raise ValueError(f"{name} needs {size} ids a list (the scores {score})")
 
 
+def blocks(score, params):
+    """block_mask with block_size = [Bq, Bk], given together: a 0/1 array whose last two
+    axes are (ceil(Lq / Bq), ceil(Lk / Bk)) and whose leading axes broadcast to the
+    scores' (at most their rank)."""
+    given = [params.get(n) is not None for n in ("block_mask", "block_size")]
+    if not any(given):
+        return
+    if not all(given):
+        raise ValueError("block_mask and block_size are given together")
+    try:
+        shape = np.shape(np.asarray(params["block_mask"], dtype=np.int64))
+    except ValueError:
+        raise ValueError("block_mask is not a regular array (rows of unequal length)") from None
+    size_q, size_k = params["block_size"]
+    want = (-(-score[-2] // size_q), -(-score[-1] // size_k))
+    if len(shape) < 2 or shape[-2:] != want:
+        raise ValueError(f"block_mask {shape} needs last axes {want}: blocks of {size_q} x "
+                         f"{size_k} over the scores {score}")
+    if len(shape) > len(score):
+        raise ValueError(f"block_mask {shape} has more dims than the scores {score}")
+    lead = tuple(score[:-2])
+    if _bcast(shape[:-2], lead, what="block_mask against the scores' batch and heads") != lead:
+        raise ValueError(f"block_mask {shape} does not broadcast to the scores {score}")
+
+
 def attention_weights(s, params):
     score = attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0]
     sink(s.get("sink"), score)
     lengths(score, params, s)
     segments(score, params)
+    blocks(score, params)
     return (score,)
 
 
@@ -136,6 +162,7 @@ def sdpa(s, params):
     sink(s.get("sink"), score)
     lengths(score, params, s)
     segments(score, params)
+    blocks(score, params)
     return (out,)
 
 

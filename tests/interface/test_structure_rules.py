@@ -73,3 +73,35 @@ def test_the_reference_keeps_documents_apart():
         alone = reference.sdpa(q[..., start:stop, :], k[..., start:stop, :],
                                v[..., start:stop, :], causal="top_left")
         assert np.allclose(packed[..., start:stop, :], alone, rtol=0, atol=1e-15)
+
+
+def in_computed_block(block_mask, block_size, i, j) -> bool:
+    """docs/interface.md, "Block-sparse masks": query i may see key j only when the block
+    (i // Bq, j // Bk) is 1."""
+    return block_mask[i // block_size[0]][j // block_size[1]] == 1
+
+
+@pytest.mark.parametrize("block_mask, block_size, lq, lk", [
+    ([[1, 0, 1], [0, 1, 1], [1, 1, 0]], [3, 5], 7, 11),
+    ([[1, 0], [1, 1]], [4, 4], 8, 8),
+    ([[0, 1, 1, 0]], [1, 1], 1, 4),
+])
+def test_block_masks_made_dense(block_mask, block_size, lq, lk):
+    for dense in (rules.block_mask_dense(block_mask, block_size, lq, lk),
+                  structure.block_keys((1, lq, lk), block_mask, block_size)):
+        assert dense.shape == (lq, lk)
+        for i in range(lq):
+            for j in range(lk):
+                assert dense[i, j] == in_computed_block(block_mask, block_size, i, j)
+
+
+def test_a_block_mask_per_head_broadcasts_as_a_mask():
+    per_head = [[[1, 0], [0, 1]], [[0, 1], [1, 0]]]
+    dense = rules.block_mask_dense(per_head, [2, 2], 4, 3)
+    assert dense.shape == (2, 4, 3)
+    assert np.array_equal(dense, structure.block_keys((1, 2, 4, 3), per_head, [2, 2]))
+    mask = rules.structure_mask(None, (1, 2, 4, 8), (1, 2, 3, 8), block_mask=per_head,
+                                block_size=[2, 2], q_segment_ids=[0, 0, 1, 1],
+                                kv_segment_ids=[0, 1, 1])
+    assert np.array_equal(mask, dense & structure.document_keys((1, 2, 4, 3), [0, 0, 1, 1],
+                                                                [0, 1, 1]))
