@@ -18,4 +18,6 @@ BUILTIN = {
     "paddle": "attention_conformance.backends.paddle:PaddleBackend",
     "transformers-sdpa": "attention_conformance.backends.transformers:TransformersSdpaBackend",
     "transformers-eager": "attention_conformance.backends.transformers:TransformersEagerBackend",
+    "keras-torch": "attention_conformance.backends.keras:KerasTorchBackend",
+    "keras-tensorflow": "attention_conformance.backends.keras:KerasTensorflowBackend",
 }
