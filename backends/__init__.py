@@ -16,4 +16,6 @@ BUILTIN = {
     "onnxruntime": "attention_conformance.backends.onnxruntime:OnnxruntimeBackend",
     "onnx-reference": "attention_conformance.backends.onnx_reference:OnnxReferenceBackend",
     "paddle": "attention_conformance.backends.paddle:PaddleBackend",
+    "transformers-sdpa": "attention_conformance.backends.transformers:TransformersSdpaBackend",
+    "transformers-eager": "attention_conformance.backends.transformers:TransformersEagerBackend",
 }

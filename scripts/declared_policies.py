@@ -1,8 +1,8 @@
-"""The declared `policy` and `op_policy` of each built-in backend, read from the adapter
+"""The declared `policy`, `op_policy` and `policy_when` of each built-in backend, read from the adapter
 modules' source with `ast`: no framework is imported (a page about torch's policies must
 render where torch is not installed).
 
-A declaration is a dict literal of the class (or of `self.policy` in its `__init__`),
+A declaration is a dict (policy_when: list) literal of the class (or of `self.policy` in its `__init__`),
 `dict(Base.policy, name=choice, ...)`, or the base class's (in the same module, or
 imported from a sibling module: `from .torch import TorchBackend`). Any other form is an
 error naming the class, so that a new form is taught here rather than misread;
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ROOT / "backends"
-ATTRIBUTES = ("policy", "op_policy")
+ATTRIBUTES = ("policy", "op_policy", "policy_when")
 
 
 def builtin() -> dict[str, tuple[str, str]]:
@@ -64,7 +64,7 @@ def declared(module: str, name: str, attribute: str = "policy") -> dict:
     if value is None:
         bases = [b.id for b in cls.bases if isinstance(b, ast.Name)]
         return declared(module, bases[0], attribute) if bases else {}
-    if isinstance(value, ast.Dict):
+    if isinstance(value, (ast.Dict, ast.List)):      # policy_when is a list of dicts
         return ast.literal_eval(value)
     if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "dict" and \
             len(value.args) == 1 and isinstance(value.args[0], ast.Attribute):
@@ -75,6 +75,8 @@ def declared(module: str, name: str, attribute: str = "policy") -> dict:
 
 
 def declarations() -> dict[str, dict]:
-    """Built-in name -> {"policy": {...}, "op_policy": {...}}, in BUILTIN's order."""
-    return {name: {a: declared(module, cls, a) for a in ATTRIBUTES}
+    """Built-in name -> {"policy": {...}, "op_policy": {...}, "policy_when": [...]}, in
+    BUILTIN's order."""
+    return {name: {a: declared(module, cls, a) or ([] if a == "policy_when" else {})
+                   for a in ATTRIBUTES}
             for name, (module, cls) in builtin().items()}

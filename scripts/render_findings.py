@@ -22,6 +22,7 @@ from pathlib import Path
 from declared_policies import ROOT, builtin, declarations
 
 from attention_conformance.model.policies import POLICIES
+from attention_conformance.reports.markdown import when_text
 from attention_conformance.specs.expected import load_expected
 
 EXPECTED_DIR = ROOT / "backends" / "expected_failures"
@@ -35,9 +36,15 @@ def _cell(text) -> str:
 
 
 def tox_envs() -> list[str]:
+    """The backends tox certifies: each environment of env_list certifies the backend of
+    its name, and every backend its commands name (`--backend NAME`: one environment of
+    one library may certify several, e.g. keras: keras-torch, keras-jax, ...)."""
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
-    return [e.strip() for e in tox["tox"]["env_list"].split(",")]
+    envs = [e.strip() for e in tox["tox"]["env_list"].split(",")]
+    named = [re.findall(r"--backend ([\w.-]+)", tox[f"testenv:{e}"].get("commands", ""))
+             for e in envs if tox.has_section(f"testenv:{e}")]
+    return envs + [name for names in named for name in names]
 
 
 def expected_files() -> dict[str, Path]:
@@ -56,10 +63,13 @@ def policies_table(link: str) -> str:
     for name, declared in declarations().items():
         per_op = "; ".join(f"{op}: " + ", ".join(f"{k}={v}" for k, v in sorted(c.items()))
                            for op, c in sorted(declared["op_policy"].items()))
+        when = "; ".join(f"when {when_text(r['when'])}: " +
+                         ", ".join(f"{k}={v}" for k, v in sorted(r["policy"].items()))
+                         for r in declared["policy_when"])
         count = len(_findings(load_expected(files[name]).entries)) if name in files else None
         findings = f"[{count}]({link}#{name})" if count else "none" if count == 0 else "no file"
         rows.append("| " + " | ".join(
-            [name + (f" (per op: {per_op})" if per_op else ""),
+            [name + (f" (per op: {per_op})" if per_op else "") + (f" ({when})" if when else ""),
              "yes" if name in envs else "no",
              *(declared["policy"].get(p, "-") for p in POLICIES), findings]) + " |")
     return "\n".join(rows) + "\n"

@@ -32,7 +32,8 @@ for name in sys.argv[1:]:
     except Exception as exc:
         seen[name] = repr(exc)[:200]
         continue
-    seen[name] = {"policy": dict(backend.policy), "op_policy": op_policy(backend)}
+    seen[name] = {"policy": dict(backend.policy), "op_policy": op_policy(backend),
+                  "policy_when": list(getattr(backend, "policy_when", []))}
 print(json.dumps(seen))
 """
 
