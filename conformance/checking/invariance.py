@@ -16,10 +16,23 @@ _PER_ELEMENT = ("q_lengths", "kv_lengths")
 _PER_ELEMENT_IDS = ("q_segment_ids", "kv_segment_ids")
 
 
+def undeclared(case, declaration) -> str | None:
+    """Why a case that checks invariants is unsupported before any call (one it names
+    that the backend does not declare), or None."""
+    names = [e if isinstance(e, str) else next(iter(e)) for e in
+             case.expect.get("properties") or ()]
+    missing = [n for n in names if n in INVARIANTS and n not in declaration.invariants]
+    return undeclared_reason(missing[0]) if missing else None
+
+
+def undeclared_reason(name) -> str:
+    return (f"the backend does not declare {name} ({INVARIANTS[name]}); declared "
+            "invariants are checked, never demanded")
+
+
 def _declared(ctx, name):
     if name not in ctx.declaration.invariants:
-        raise Unsupported(f"the backend does not declare {name} ({INVARIANTS[name]}); "
-                          "declared invariants are checked, never demanded")
+        raise Unsupported(undeclared_reason(name))
 
 
 def _same_bits(got, want, what):
