@@ -15,6 +15,7 @@ import numpy as np
 
 from ..backend.interface import policy_for
 from ..golden import reference
+from . import invariance
 from .comparison import digits
 from .context import Context
 from ..model.ops import OPS
@@ -346,3 +347,8 @@ def cascade_merge(ctx: Context, prefix: int):
            " lse of the whole keys")
     _close(got_out, out, _tol(ctx, float(np.max(np.abs(out), initial=1.0)) * max(1.0, size)),
            "output of the shared prefix and own keys merged vs output of the whole keys")
+
+
+# the declared bitwise invariants (checking/invariance.py): checked exactly, never demanded
+for _check in (invariance.deterministic, invariance.batch_invariant, invariance.split_invariant):
+    prop(calls_backend=True)(_check)
