@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..golden import reference
+from ..golden.compute import ACCUMULATION_DTYPES, longest_reduction
 from .comparison import digits
 from .context import Context
 from ..model.ops import OPS
@@ -39,7 +40,12 @@ def property_entry(entry) -> tuple[str, dict]:
 
 
 def _tol(ctx, magnitude=1.0):
-    return ctx.tolerances.prop(ctx.dtype, magnitude)
+    """The property tolerance of this run (Tolerances.prop): n the inputs' longest
+    reduction, the sums in float32 for a half-precision backend of the float32 tier."""
+    wide = ctx.dtype in ACCUMULATION_DTYPES and \
+        ctx.declared_policy().get("accumulation") == "float32"
+    return ctx.tolerances.prop(ctx.dtype, magnitude, longest_reduction(ctx.exact_inputs),
+                               "float32" if wide else None)
 
 
 def _first(ctx):
