@@ -289,6 +289,7 @@ class OnnxAttention:
         return (kv_lengths is not None and q_lengths is None and window is None
                 and causal in (None, "bottom_right") and np.ndim(q) >= 4)
 
+    @rules.structure_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None, q_lengths=None,
                           kv_lengths=None):
@@ -311,6 +312,7 @@ class OnnxAttention:
         return self._attention(q, k, zero_v, mask=mask, bias=bias, causal=causal,
                                scale=scale, softcap=softcap, window=window, mode=3)
 
+    @rules.structure_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None, q_lengths=None, kv_lengths=None):
         _no_sink(sink, self.name)

@@ -265,6 +265,7 @@ class JaxBackend:
                 return _result(cores.sink_weights(q, k, _mask(mask), bias, sink, **params))
             return _result(cores.weights(q, k, _mask(mask), bias, **params))
 
+    @rules.structure_as_mask
     @_with_heads
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None, q_lengths=None, kv_lengths=None):
@@ -287,6 +288,7 @@ class JaxBackend:
             out = cores.sdpa_lse(q, k, v, _mask(mask), bias, sink, **params)
             return tuple(_result(x) for x in out)
 
+    @rules.structure_as_mask
     @_with_heads
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
                  scale=None, softcap=None, window=None, q_lengths=None, kv_lengths=None):

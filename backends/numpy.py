@@ -14,6 +14,13 @@ Declared policies, and why they hold:
   so a NaN computed from a masked-out key never reaches the softmax;
 - ``masked_value_nan: propagates``: the output is ``P @ V`` and ``0 * NaN`` is NaN.
 
+Large calls: sdpa and sdpa_lse whose scores pass ``BLOCKED_ABOVE`` elements go block by
+block over the queries, each block reading only the keys that causal and a window let
+it see (``rules.key_range``), so that they need the inputs, the output and one block's
+scores (``BLOCK_ELEMENTS``, ~16 MiB in float32, a few of them at once) rather than the
+whole score matrix; the other ops refuse scores that the machine cannot hold
+(``rules.check_size``: the test is unsupported, by size).
+
 ``sdpa_lse`` returns ``m + log(l)`` of the same max-subtracted softmax (-inf for a row
 without allowed keys, the lse of the ``zeros`` choice). A ``sink`` is one more score
 column (a key of value 0) in the softmax; its gradient is ``-sum_i p_sink,i D_i`` with
@@ -22,6 +29,10 @@ column (a key of value 0) in the softmax; its gradient is ``-sum_i p_sink,i D_i`
 
 from __future__ import annotations
 
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 
@@ -29,6 +40,11 @@ from . import rules
 
 _OPS = ("softmax", "scores", "attention_weights", "sdpa", "sdpa_lse", "self_attention",
         "multi_head_attention", "sdpa_vjp")
+
+#: score elements (batch x heads x Lq x Lk) past which sdpa and sdpa_lse go block by block
+BLOCKED_ABOVE = 1 << 25
+#: score elements of one block at most (a block has one row at least)
+BLOCK_ELEMENTS = 1 << 22
 
 #: input dtype name -> dtype the arithmetic is done in
 _COMPUTE = {"float64": np.float64, "float32": np.float32,
@@ -99,9 +115,10 @@ def _group_sum(g, shape):
     return g.sum(axis=-3)
 
 
-def _allowed(lq, lk, mask, causal, window):
-    """Boolean array (broadcastable to the scores) of allowed positions, or None."""
-    return rules.and_masks(_mask(mask), rules.allowed(lq, lk, causal, window))
+def _allowed(lq, lk, mask, causal, window, offset=None):
+    """Boolean array (broadcastable to the scores) of allowed positions, or None;
+    offset: where query 0 sits among the keys (a block's, in _blocked)."""
+    return rules.and_masks(_mask(mask), rules.allowed(lq, lk, causal, window, offset=offset))
 
 
 def _with_sink(s, sink):
@@ -121,7 +138,8 @@ def _lse(s):
         return (m + np.log(np.sum(np.exp(s - m), axis=-1, keepdims=True)))[..., 0]
 
 
-def _probs(q, k, *, mask, bias, causal, scale, softcap, window, sink=None, parts=False):
+def _probs(q, k, *, mask, bias, causal, scale, softcap, window, sink=None, parts=False,
+           offset=None):
     """The score pipeline and its softmax: (P, tanh term of the softcap or None, scale);
     with parts, (P, tanh term, scale, the sink's weight or None, lse)."""
     ct = q.dtype.type
@@ -134,7 +152,7 @@ def _probs(q, k, *, mask, bias, causal, scale, softcap, window, sink=None, parts
         s = c * t
     if bias is not None:
         s = s + bias
-    allowed = _allowed(q.shape[-2], k.shape[-2], mask, causal, window)
+    allowed = _allowed(q.shape[-2], k.shape[-2], mask, causal, window, offset)
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)  # NaN or inf at a disallowed key never survives
     lk = s.shape[-1]
@@ -151,13 +169,70 @@ def _probs(q, k, *, mask, bias, causal, scale, softcap, window, sink=None, parts
 
 
 def _sdpa(q, k, v, **kw):
+    if _score_elements(q, k) > BLOCKED_ABOVE:
+        return _blocked(q, k, v, **kw)[0]
     p, _, _ = _probs(q, _expand_kv(k, q), **kw)
     return p @ _expand_kv(v, q)
 
 
 def _sdpa_lse(q, k, v, **kw):
+    if _score_elements(q, k) > BLOCKED_ABOVE:
+        return _blocked(q, k, v, **kw)
     p, _, _, _, lse = _probs(q, _expand_kv(k, q), parts=True, **kw)
     return p @ _expand_kv(v, q), lse
+
+
+def _score_elements(q, k) -> int:
+    return math.prod(rules.score_shape(q.shape, k.shape))
+
+
+def _block_of(x, first, end, lo, hi):
+    """Rows first:end and keys lo:hi of a mask or bias broadcastable to the scores."""
+    if x is None:
+        return None
+    x = np.asarray(x)
+    if x.ndim >= 2 and x.shape[-2] != 1:
+        x = x[..., first:end, :]
+    return x[..., lo:hi] if x.ndim and x.shape[-1] != 1 else x
+
+
+def _row_blocks(lq, lk, causal, window, heads, with_sink):
+    """(first, end, lo, hi) of each block: rows first:end over keys lo:hi (hi <= lo: none)."""
+    found, first = [], 0
+    while first < lq:
+        lo, hi = rules.key_range(first, first + 1, lq, lk, causal, window)
+        rows = BLOCK_ELEMENTS // (heads * (max(hi - lo, 0) + 512))
+        end = min(lq, first + max(1, min(512, rows)))
+        lo, hi = rules.key_range(first, end, lq, lk, causal, window)
+        found.append((first, end) + ((0, lk) if hi <= lo and with_sink else (lo, hi)))
+        first = end
+    return found
+
+
+def _blocked(q, k, v, *, mask, bias, causal, scale, softcap, window, sink=None):
+    """(out, lse) of sdpa over blocks of query rows, each over the keys it may see (with
+    a sink, a row without any sees the sink alone), on every core: a row without keys
+    is 0 (fully_masked_rows: zeros), its lse -inf."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    k, v = _expand_kv(k, q), _expand_kv(v, q)
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    out = np.zeros(lead + (lq, v.shape[-1]), dtype=q.dtype)
+    lse = np.full(lead + (lq,), -np.inf, dtype=q.dtype)
+    offset = rules.causal_offset(lq, lk, causal)
+
+    def block(first, end, lo, hi):
+        if hi > lo:
+            p, _, _, _, block_lse = _probs(
+                q[..., first:end, :], k[..., lo:hi, :], mask=_block_of(mask, first, end, lo, hi),
+                bias=_block_of(bias, first, end, lo, hi), causal=causal, scale=scale,
+                softcap=softcap, window=window, sink=sink, parts=True, offset=first + offset - lo)
+            out[..., first:end, :] = p @ v[..., lo:hi, :]
+            lse[..., first:end] = block_lse
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:   # NumPy frees the GIL in them
+        list(pool.map(lambda b: block(*b), _row_blocks(lq, lk, causal, window,
+                                                        math.prod(lead), sink is not None)))
+    return out, lse
 
 
 def _sdpa_vjp(q, k, v, d_out, **kw):
@@ -243,6 +318,7 @@ class NumpyBackend:
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))
+        rules.check_size("numpy attention_weights", np.shape(q), np.shape(k), copies=4)
         q, k, bias, sink = (_cast(a, ct) for a in (q, k, bias, sink))
         p, _, _ = _probs(q, _expand_kv(k, q), mask=mask, bias=bias, causal=causal,
                          scale=scale, softcap=softcap, window=window, sink=sink)
@@ -269,6 +345,7 @@ class NumpyBackend:
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
                  scale=None, softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))
+        rules.check_size("numpy sdpa_vjp", np.shape(q), np.shape(k), copies=6)
         q, k, v, d_out, bias, sink = (_cast(a, ct) for a in (q, k, v, d_out, bias, sink))
         grads = _sdpa_vjp(q, k, v, d_out, mask=mask, bias=bias, causal=causal,
                           scale=scale, softcap=softcap, window=window, sink=sink)

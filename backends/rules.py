@@ -22,18 +22,28 @@ Functions and classes:
 - ``and_masks(*masks)``: the positions every given mask allows;
 - ``compose_lengths``, ``zero_padded_rows``, ``lengths_as_mask``: ``q_lengths`` and
   ``kv_lengths`` for a framework that takes a boolean mask but no lengths;
-- ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back.
+- ``segment_mask``, ``block_mask_dense``, ``structure_mask``, ``structure_as_mask``:
+  packed documents (``q_segment_ids``, ``kv_segment_ids``) and block-sparse masks
+  (``block_mask``, ``block_size``) as one boolean mask, for a framework without them
+  (``lengths_as_mask`` folds them in too);
+- ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back;
+- ``key_range``: the keys a block of queries may see (a blocked kernel skips the rest);
+- ``memory_bytes``, ``check_size``: refuse, with the reason, a call whose score matrices
+  this machine cannot hold (NotImplementedError: the test is unsupported, by size).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 
 import numpy as np
 
 #: the values of ``causal``
 CAUSAL = (None, "top_left", "bottom_right")
+#: the params that say which keys a query may see as structure (structure_mask)
+STRUCTURE = ("q_segment_ids", "kv_segment_ids", "block_mask", "block_size")
 
 
 # ---------------------------------------------------------------- which keys a query sees
@@ -80,6 +90,19 @@ def allowed(lq: int, lk: int, causal=None, window=None, *, offset=None):
     if right is not None:
         keep &= key <= position + right
     return keep
+
+
+def key_range(first: int, end: int, lq: int, lk: int, causal=None, window=None) -> tuple:
+    """[lo, hi): the keys that queries first .. end - 1 may see under causal and window
+    (hi <= lo: none); a blocked kernel computes those keys' scores alone."""
+    check_causal(causal)
+    offset = causal_offset(lq, lk, causal)
+    left, right = window_sides(window)
+    lo = 0 if left is None else max(0, first + offset - left)
+    hi = lk if causal is None else min(lk, end - 1 + offset + 1)
+    if right is not None:
+        hi = min(hi, end - 1 + offset + right + 1)
+    return lo, hi
 
 
 def and_masks(*masks):
@@ -138,14 +161,17 @@ def zero_padded_rows(x, padded):
 
 def lengths_as_mask(method):
     """Wrap an adapter's attention_weights, sdpa or sdpa_vjp for a framework without
-    lengths: with q_lengths or kv_lengths, call it with the composed mask (causal and
-    window folded in) and zero the padded rows of what it returns; without, call it as
-    it is."""
+    lengths or structure: segment ids and a block mask are and-ed into the mask
+    (structure_mask); with q_lengths or kv_lengths, call it with the composed mask
+    (causal and window folded in) and zero the padded rows of what it returns; without,
+    call it as it is."""
     vjp = method.__name__ == "sdpa_vjp"
 
     @functools.wraps(method)
     def wrapper(self, q, k, *arrays, mask=None, causal=None, window=None, q_lengths=None,
                 kv_lengths=None, **params):
+        structure = {n: params.pop(n) for n in STRUCTURE if n in params}
+        mask = structure_mask(mask, np.shape(q), np.shape(k), **structure)
         if q_lengths is None and kv_lengths is None:
             return method(self, q, k, *arrays, mask=mask, causal=causal, window=window,
                           **params)
@@ -159,6 +185,64 @@ def lengths_as_mask(method):
         if vjp:                       # (dq, dk, dv), and d_sink with a sink
             return (zero_padded_rows(result[0], padded),) + tuple(result[1:])
         return zero_padded_rows(result, padded)
+
+    return wrapper
+
+
+# ---------------------------------------------------------------- packed documents
+
+
+def segment_mask(q_segment_ids, kv_segment_ids, rank: int):
+    """Bool, broadcastable to scores of ``rank`` dims: query i may see key j only when
+    both carry the same document id (``q_segment_ids[i] == kv_segment_ids[j]``; one
+    list per element of dim 0, or one list for the whole batch). None when neither is
+    given. Causal and window stay on the global positions: and them on as usual."""
+    if q_segment_ids is None and kv_segment_ids is None:
+        return None
+    if q_segment_ids is None or kv_segment_ids is None:
+        raise ValueError("q_segment_ids and kv_segment_ids are given together")
+
+    def ids(x, axis):
+        x = np.expand_dims(np.asarray(x, dtype=np.int64), axis)
+        if x.ndim == 2:                # one list for the batch: (L, 1) or (1, L)
+            return x
+        return x.reshape((x.shape[0],) + (1,) * (rank - 3) + x.shape[1:])
+    return ids(q_segment_ids, -1) == ids(kv_segment_ids, -2)
+
+
+def block_mask_dense(block_mask, block_size, lq: int, lk: int):
+    """A block-sparse mask made dense: bool (..., Lq, Lk), True where the block holding
+    (i, j), ``(i // Bq, j // Bk)`` with ``block_size = (Bq, Bk)``, is nonzero; the
+    last blocks may reach past Lq or Lk. None when no block mask is given."""
+    if block_mask is None:
+        return None
+    size_q, size_k = block_size
+    blocks = np.asarray(block_mask) != 0
+    dense = np.repeat(np.repeat(blocks, size_q, axis=-2), size_k, axis=-1)
+    return dense[..., :lq, :lk]
+
+
+def structure_mask(mask, q_shape, k_shape, *, q_segment_ids=None, kv_segment_ids=None,
+                   block_mask=None, block_size=None):
+    """The boolean mask (None or broadcastable to the scores of q and k, given by their
+    shapes) and-ed with what the segment ids and the block mask allow; the mask itself
+    without them."""
+    if q_segment_ids is None and kv_segment_ids is None and block_mask is None:
+        return mask
+    rank = max(len(q_shape), len(k_shape), len(np.shape(mask)) if mask is not None else 0)
+    return and_masks(mask, segment_mask(q_segment_ids, kv_segment_ids, rank),
+                     block_mask_dense(block_mask, block_size, q_shape[-2], k_shape[-2]))
+
+
+def structure_as_mask(method):
+    """Wrap an adapter's attention_weights, sdpa or sdpa_vjp that takes lengths its own
+    way but no segment ids or block mask: they are and-ed into its mask (structure_mask)."""
+
+    @functools.wraps(method)
+    def wrapper(self, q, k, *arrays, mask=None, **params):
+        structure = {n: params.pop(n) for n in STRUCTURE if n in params}
+        mask = structure_mask(mask, np.shape(q), np.shape(k), **structure)
+        return method(self, q, k, *arrays, mask=mask, **params)
 
     return wrapper
 
@@ -223,3 +307,42 @@ class Layout:
         """(B, H, Lq, X) -> (*batch, H, Lq, X), at the rank the inputs broadcast to."""
         full = self.batch + tuple(y.shape[1:])
         return y.reshape(full[len(full) - self._rank_out:])
+
+
+# ---------------------------------------------------------------- size
+
+
+def memory_bytes() -> int:
+    """This machine's memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def score_shape(q_shape, k_shape) -> tuple:
+    """The shape of the scores of q and k: batch dims broadcast, the query heads (a
+    multiple of the kv heads), Lq, Lk."""
+    q_shape, k_shape = tuple(q_shape), tuple(k_shape)
+    if len(q_shape) >= 3 and len(k_shape) >= 3:
+        heads = (max(q_shape[-3], k_shape[-3]),)
+        lead = np.broadcast_shapes(q_shape[:-3], k_shape[:-3]) + heads
+    else:
+        lead = np.broadcast_shapes(q_shape[:-2], k_shape[:-2])
+    return tuple(lead) + (q_shape[-2], k_shape[-2])
+
+
+def check_size(name: str, q_shape, k_shape, itemsize: int = 4, copies: int = 3,
+               share: float = 0.5, memory: int | None = None) -> None:
+    """Raise NotImplementedError (the test is unsupported, by size) when `copies` score
+    matrices of these query and key shapes, in elements of `itemsize` bytes, need more
+    than `share` of this machine's memory (`memory` bytes: a device's own): what an
+    adapter whose framework materializes the scores calls before it does."""
+    memory = memory_bytes() if memory is None else memory
+    shape = score_shape(q_shape, k_shape)
+    needed = math.prod(shape) * itemsize * copies
+    if memory and needed > share * memory:
+        raise NotImplementedError(
+            f"{name}: unsupported by size: {copies} score matrices of shape {shape} "
+            f"({itemsize}-byte elements) need {needed / 1e9:.1f} GB, more than "
+            f"{share:g} of this machine's {memory / 1e9:.1f} GB")

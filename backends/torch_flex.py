@@ -43,8 +43,11 @@ shapes, so the whole spec takes hours compiled. ``paths`` says which one ran.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import warnings
+
+import numpy as np
 
 import torch
 import torch.nn.attention.flex_attention as flex_module
@@ -103,20 +106,61 @@ def _score_mod(softcap, bias):
     return score_mod
 
 
-def _mask_mod(mask, allowed):
-    """flex's mask_mod: the keys causal and window allow (rules.allowed, (Lq, Lk)) and the
-    boolean mask (B, H, Lq, Lk), and-ed; None when there is neither."""
-    if mask is None and allowed is None:
+def _mask_mod(mask, allowed, documents=None, blocks=None):
+    """flex's mask_mod: the keys causal and window allow (rules.allowed, (Lq, Lk)), the
+    boolean mask (B, H, Lq, Lk), flex's document mask (documents: the query and key
+    document ids, (B, Lq) and (B, Lk): ``q_doc[b, q_idx] == kv_doc[b, kv_idx]``) and the
+    block-sparse mask (blocks: (B, H, Lq / Bq, Lk / Bk) and the block size (Bq, Bk)),
+    and-ed; None when there is none of them."""
+    if mask is None and allowed is None and documents is None and blocks is None:
         return None
 
     def mask_mod(b, h, q_idx, kv_idx):
-        if mask is None:
-            return allowed[q_idx, kv_idx]
-        if allowed is None:
-            return mask[b, h, q_idx, kv_idx]
-        return allowed[q_idx, kv_idx] & mask[b, h, q_idx, kv_idx]
+        keep = []
+        if allowed is not None:
+            keep.append(allowed[q_idx, kv_idx])
+        if mask is not None:
+            keep.append(mask[b, h, q_idx, kv_idx])
+        if documents is not None:
+            keep.append(documents[0][b, q_idx] == documents[1][b, kv_idx])
+        if blocks is not None:
+            table, (size_q, size_k) = blocks
+            keep.append(table[b, h, q_idx // size_q, kv_idx // size_k])
+        result = keep[0]
+        for more in keep[1:]:
+            result = result & more
+        return result
 
     return mask_mod
+
+
+def _document_ids(ids, batch: int):
+    """Segment ids (L,) or (B0, L) as a (batch, L) tensor of flex's flattened batch (each
+    row of dim 0 repeated over the batch dims after it)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    ids = np.broadcast_to(ids, (batch,) + ids.shape) if ids.ndim == 1 else \
+        np.repeat(ids, batch // ids.shape[0], axis=0)
+    return torch.from_numpy(np.ascontiguousarray(ids)).to(torch.get_default_device())
+
+
+def _structure_native(method):
+    """Take the segment ids and the block mask out of the call to the inherited op, for
+    _attend to give flex as its own forms (the document mask_mod; a BlockMask of the
+    given block size), not folded into a dense mask."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **params):
+        structure = {n: params.pop(n) for n in rules.STRUCTURE if n in params}
+        if not structure:
+            return method(self, *args, **params)
+        for pair in (("q_segment_ids", "kv_segment_ids"), ("block_mask", "block_size")):
+            if (structure.get(pair[0]) is None) != (structure.get(pair[1]) is None):
+                raise ValueError(f"{pair[0]} and {pair[1]} are given together")
+        self._structure = structure
+        try:
+            return method(self, *args, **params)
+        finally:
+            self._structure = None
+    return wrapper
 
 
 class TorchFlexBackend(TorchBackend):
@@ -167,8 +211,9 @@ class TorchFlexBackend(TorchBackend):
             self._flex = flex_attention
             how = "flex_attention eagerly (torch's unfused reference path)"
         on = f"{how} on {self.device}"
-        mods = "score_mod: softcap, bias; BlockMask from mask_mod: causal, window, mask; " \
-               "enable_gqa"
+        mods = "score_mod: softcap, bias; BlockMask from mask_mod: causal, window, mask, " \
+               "documents (q_segment_ids, kv_segment_ids), block_mask (BLOCK_SIZE = " \
+               "block_size); enable_gqa"
         self.versions["flex_attention"] = "compiled" if self.compiled else "eager"
         self.paths = {
             "softmax": "not run: calls no flex_attention (the torch backend certifies it)",
@@ -204,13 +249,22 @@ class TorchFlexBackend(TorchBackend):
         full = (b, hq, lq, lk)     # flex's mods index the scores' own (b, h, q, kv)
         mask4 = None if mask is None else _to_4d(mask, rank, lead).expand(full)
         bias4 = None if bias is None else _to_4d(bias, rank, lead).expand(full)
-        mask_mod = _mask_mod(mask4, allowed)
+        structure = self._structure or {}
+        documents = None if structure.get("q_segment_ids") is None else \
+            tuple(_document_ids(structure[n], b) for n in ("q_segment_ids", "kv_segment_ids"))
+        blocks, sizes = None, {}
+        if structure.get("block_mask") is not None:
+            table = torch.from_numpy(np.asarray(structure["block_mask"]) != 0)
+            table = _to_4d(table.to(q4.device), rank, lead)
+            blocks = (table.expand(b, hq, *table.shape[-2:]), tuple(structure["block_size"]))
+            sizes = {"BLOCK_SIZE": blocks[1]}      # flex's BlockMask of the spec's blocks
+        mask_mod = _mask_mod(mask4, allowed, documents, blocks)
         block_mask = None
         if mask_mod is not None:
-            batched = mask4 is not None
+            batched = any(x is not None for x in (mask4, documents, blocks))
             block_mask = create_block_mask(mask_mod, b if batched else None,
                                            hq if batched else None, lq, lk,
-                                           device=q4.device)
+                                           device=q4.device, **sizes)
         score_mod = _score_mod(None if softcap is None else float(softcap), bias4)
         direct = not self.compiled and not any(t.requires_grad for t in (q4, k4, v4))
         with warnings.catch_warnings(), _collector_paused(), _hop_called_directly(direct):
@@ -226,6 +280,11 @@ class TorchFlexBackend(TorchBackend):
         return out.reshape(out_shape)
 
     # ------------------------------------------------------------ operations
+
+    _structure = None         # the segment ids and block mask of the call running
+    attention_weights = _structure_native(TorchBackend.attention_weights)
+    sdpa = _structure_native(TorchBackend.sdpa)
+    sdpa_vjp = _structure_native(TorchBackend.sdpa_vjp)
 
     def softmax(self, x, axis=-1):
         raise NotImplementedError(f"{self.name}: softmax calls no flex_attention "

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .golden import freeze
-from .model.case import profile_counts
+from .model.case import CASE_PROFILES, profile_counts
 from .model.dtypes import DTYPES
 from .golden.store import GoldenError
 from .model.ops import OPS
@@ -42,7 +42,7 @@ def _validate(args) -> int:
     spec = load_spec(_folder(args))
     for error in spec.errors:
         print(error)
-    counts = {p: profile_counts(spec.cases, p) for p in ("quick", "long")}
+    counts = {p: profile_counts(spec.cases, p) for p in CASE_PROFILES}
     print(f"{len(spec.cases)} valid cases: "
           + "; ".join(f"{p} profile {n} cases, {t} tests per backend" for p, (n, t) in counts.items())
           + f"; {len(spec.errors)} problems")
@@ -143,8 +143,8 @@ def _list(args) -> int:
             dtypes = [d for d in c.dtypes if not args.dtype or d in args.dtype]
             n = len(c.variants) * len(dtypes)
             tests += n
-            long = " [long]" if c.profile == "long" else ""
-            print(f"  {c.id:<{width}}  {c.op:<20} {n:>3} tests  {c.description}{long}")
+            mark = "" if c.profile == "quick" else f" [{c.profile}]"
+            print(f"  {c.id:<{width}}  {c.op:<20} {n:>3} tests  {c.description}{mark}")
     print(f"{len(cases)} cases of the {args.profile} profile in {len(topics)} topics, "
           f"{tests} tests per backend"
           + (f"; {len(spec.errors)} spec problems (run: attention-conformance validate)"
@@ -343,7 +343,7 @@ def _filters(p, what="cases"):
     p.add_argument("-k", dest="keyword", default=None,
                    help="only cases whose id, topic, description or source contains this text")
     p.add_argument("--profile", choices=PROFILES, default="quick",
-                   help="quick (default), long (long-sequence cases) or all")
+                   help="quick (default), long (long-sequence cases), scale (the largest) or all")
 
 
 def build_parser() -> argparse.ArgumentParser:

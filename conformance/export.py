@@ -119,6 +119,8 @@ TAGS: dict[str, tuple] = {
                         _broadcast_batch),
     "long": ("a long-sequence case (profile long)",
              lambda case, shapes: case.profile == "long"),
+    "scale": ("a case of the scale profile (128k-token prefill, million-key decode)",
+              lambda case, shapes: case.profile == "scale"),
     "policy-dependent": ("the expected outcome is the backend's declared policy choice",
                          lambda case, shapes: "policy" in case.expect),
 }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 FORWARDED, PASSTHROUGH, OWN = "forwarded", "passthrough", "own"
 
-PROFILES = ("quick", "long", "all")
+PROFILES = ("quick", "long", "scale", "all")
 #: the spec's dtype names (model/dtypes.py's DTYPES, which needs NumPy; a test holds
 #: the two equal)
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
@@ -85,8 +85,9 @@ OPTIONS = (
            " the machine lacks is a load error, never the CPU", metavar="DEVICE"),
     Option("--spec-dir", "case files to run (default: the spec the package carries, or"
            " $ATTENTION_CONFORMANCE_SPEC/cases)", certify=OWN),
-    Option("--profile", "quick (default) skips the long-sequence cases; long runs only them;"
-           " all runs both", default="quick", choices=PROFILES),
+    Option("--profile", "quick (default) skips the long-sequence and scale cases; long runs"
+           " only the long ones, scale only the largest (128k-token prefill, million-key"
+           " decode, 65,544 heads); all runs every case", default="quick", choices=PROFILES),
     Option("--dtype", "run only this dtype (repeatable)", action="append",
            choices=DTYPE_NAMES),
     Option("--expected-failures", "an expected-failures file for this backend (repeatable)",
@@ -94,7 +95,8 @@ OPTIONS = (
     Option("--report", "write this backend's results, BACKEND.json and BACKEND.md, into DIR",
            metavar="DIR"),
     Option("--case-timeout", "seconds all the calls of one test may take together before"
-           " it is failed as hung (default 120; 0: no limit)", certify=PASSTHROUGH, default=120.0, type=not_negative(float),
+           " it is failed as hung (default 120, ten times that for a case of the scale profile; 0:"
+           " no limit)", certify=PASSTHROUGH, default=120.0, type=not_negative(float),
            metavar="S"),
     Option("--in-process", "run the backend in the runner's own process (for debugging: not"
            " isolated, so a crash ends the run and the backend can reach the checks)",

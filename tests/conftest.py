@@ -42,3 +42,14 @@ def worked_examples_spec(tmp_path_factory):
         shutil.copy(root / name, spec / name)
     golden_store.write_manifest(spec / "golden")
     return spec / "cases"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked `scale` (minutes each) run only when a run selects them by
+    marker (pytest -m scale; tox -e scale): `pytest tests` stays fast."""
+    if "scale" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="the scale profile's slow checks: pytest -m scale (tox -e scale)")
+    for item in items:
+        if item.get_closest_marker("scale"):
+            item.add_marker(skip)

@@ -21,9 +21,10 @@ class InProcess:
         self.declaration = declare(adapter)
 
     @contextlib.contextmanager
-    def test(self):
-        """One test's calls: CaseTimeout once they have taken `timeout` seconds together."""
-        with time_limit(self.timeout):
+    def test(self, factor: float = 1.0):
+        """One test's calls: CaseTimeout once they have taken `timeout` seconds together
+        (`factor` times that: a case of the scale profile, model/case.py)."""
+        with time_limit(self.timeout * factor):
             yield self
 
     def call(self, op: str, arrays: dict, params: dict) -> tuple:

@@ -4,6 +4,7 @@ one CheckFailure that lists every broken expectation."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ import numpy as np
 from .comparison import compare, digits
 from .context import Context
 from ..model.dtypes import round_to
+from ..golden import sampled
 from ..golden.store import GoldenError
 from ..model.indexing import parse_index, split_target
 from ..model.ops import OPS
@@ -65,6 +67,23 @@ def unchecked_positions(ctx: Context, name: str, shape, policy=None):
     return padded_queries(tuple(shape), q_lengths)
 
 
+def sampled_rows(ctx: Context, policy=None):
+    """The query rows a sampled golden checks (golden/sampled.py), or None: every row."""
+    if policy is not None or not sampled.is_sampled(ctx.case.expect):
+        return None
+    return sampled.rows_for(ctx.case, ctx.variant, ctx.exact_inputs["q"].shape[-2])
+
+
+def _at_rows(result, name, ndim, rows):
+    """A comparison of sampled rows, its index named in the output's own rows."""
+    if rows is None or not result.index:
+        return result
+    index = list(result.index)
+    axis = sampled.row_axis(name, ndim)
+    index[axis] = int(rows[index[axis]])
+    return dataclasses.replace(result, index=tuple(index))
+
+
 def plain_key_nan(ctx: Context, name: str, policy=None):
     """Boolean of the dq positions where NaN stands for the golden, or None: unless the
     golden is masked_key_nan's `propagates`, a dq element that a plain dS K fills with
@@ -80,21 +99,28 @@ def check_golden(ctx: Context, policy=None) -> float:
     """Compare every output with its golden; return the worst error / tolerance.
 
     Positions that the policy choice leaves free (unchecked_positions) take the golden's
-    value before the comparison; every other position is compared as usual."""
+    value before the comparison; every other position is compared as usual. A sampled
+    golden compares its rows alone, and its message names them."""
     rule = ctx.tolerances
     worst, problems = 0.0, []
     tier = accumulation(ctx)
+    rows = sampled_rows(ctx, policy)
     for name, (gold, plain_error) in _golden(ctx, policy, tier).items():
         actual = ctx.outputs[name]
         free = unchecked_positions(ctx, name, np.shape(actual), policy)
         if free is not None:
             actual = np.where(free, gold, actual)
-        result = compare(actual, gold, rule.output(ctx.dtype, plain_error, gold),
-                         plain_key_nan(ctx, name, policy))
+        ndim = np.ndim(actual)
+        if rows is not None:
+            actual = sampled.select(actual, name, rows)
+        result = _at_rows(compare(actual, gold, rule.output(ctx.dtype, plain_error, gold),
+                                  plain_key_nan(ctx, name, policy)), name, ndim, rows)
         worst = max(worst, result.ratio)
         if not result.ok:
             problems.append(
                 f"golden {name}{_policy_label(policy)}: {result.describe(ctx.dtype)}"
+                + ("" if rows is None else
+                   f" (of {sampled.describe_rows(rows, ctx.exact_inputs['q'].shape[-2])})")
                 + ("" if result.pattern else
                    f"; tolerance {result.tolerance:.3g} = {rule.multiplier:g} x max(plain"
                    f" {ctx.dtype} error {plain_error:.3g}"

@@ -17,6 +17,7 @@ import traceback
 from ..backend.calling import cast_inputs, checked_outputs
 from ..golden.compute import rounded_inputs
 from ..model.errors import BackendCrashed, BackendRaised, CaseTimeout, CheckFailure, Unsupported
+from ..model.case import timeout_factor
 from ..model.text import printable
 from .context import Context
 from .expectations import Result, check_case
@@ -64,7 +65,7 @@ def verdict_of(backend, case, variant, dtype, golden, prepared=None, called=None
     (backend/in_process.InProcess, or the judge's process/backend_proxy.BackendProxy)."""
     start = time.perf_counter()
     try:
-        with backend.test() as caller:
+        with backend.test(timeout_factor(case)) as caller:
             result = run_case(caller, case, variant, dtype, golden, prepared, called)
     except Unsupported as exc:
         return _verdict("unsupported", str(exc), start)

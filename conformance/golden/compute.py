@@ -3,12 +3,16 @@ inputs, and the error of the plain same-dtype computation that sets each toleran
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import numpy as np
 
-from . import reference
+from . import blocks, reference, sampled
+from ..model.case import frozen
 from ..model.dtypes import UNIT_ROUNDOFF, round_to
+from ..model.errors import Unsupported
 from .inputs import build_inputs
 from ..model.ops import OPS
 from ..model.tolerances import Tolerances
@@ -23,15 +27,41 @@ def entry_key(case_id, variant, dtype, policy=None) -> str:
 
 
 _GENERATED: dict = {}
+#: the generated inputs kept for the next test at most: 256 variants, and this many
+#: bytes (a larger variant, a scale case's, is kept alone)
+KEPT_BYTES = 1 << 30
+
+
+def machine_memory_gb() -> float:
+    """The memory of this machine, in GB (10**9 bytes)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):       # not a POSIX system: no limit known
+        return float("inf")
+
+
+def too_large(case) -> str | None:
+    """Why a test of the case cannot run on this machine (its min_memory_gb), or None."""
+    have = machine_memory_gb()
+    if case.min_memory_gb <= have:
+        return None
+    return (f"unsupported by size: case {case.id} needs {case.min_memory_gb:g} GB of memory "
+            f"(min_memory_gb), this machine has {have:.1f} GB")
 
 
 def generated_inputs(case, variant) -> dict[str, np.ndarray]:
-    """The case's float64 inputs, generated once per variant (read-only, shared by dtypes)."""
+    """The case's float64 inputs, generated once per variant (read-only, shared by
+    dtypes); Unsupported, before anything is made, on a machine too small for the case."""
     key = (repr(case.inputs), repr(variant.dims))
     if key not in _GENERATED:
-        if len(_GENERATED) >= 256:
-            _GENERATED.clear()
+        reason = too_large(case)
+        if reason:
+            raise Unsupported(reason)
         arrays = build_inputs(case.inputs, variant.dims)
+        size = sum(a.nbytes for a in arrays.values())
+        kept = sum(a.nbytes for entry in _GENERATED.values() for a in entry.values())
+        if len(_GENERATED) >= 256 or kept + size > KEPT_BYTES:
+            _GENERATED.clear()
         for array in arrays.values():
             array.setflags(write=False)
         _GENERATED[key] = arrays
@@ -65,16 +95,23 @@ def compute(case, variant, dtype, tolerances: Tolerances,
             policy=None, accumulation=None) -> dict[str, tuple[np.ndarray, float]]:
     """output name -> (golden float64 array, plain same-dtype error). With
     accumulation="float32" (float16 and bfloat16 only) the plain computation accumulates
-    its products and sums in float32, and a sum in another order costs float32 roundings."""
+    its products and sums in float32, and a sum in another order costs float32 roundings.
+    A case computed live (not frozen) runs blocks.py where it can; a sampled golden
+    (sampled.py) holds its sampled rows only, and its error is taken over them."""
     arrays = rounded_inputs(case, variant, dtype)
     policies = dict([policy]) if policy else None
     source = tolerances.plain_error_from.get(dtype, dtype)
     wide = accumulation == "float32" and dtype in ACCUMULATION_DTYPES
+    run = reference.run
+    if not frozen(case) and blocks.blocked(case.op, case.params):
+        rows = sampled.rows_for(case, variant, arrays["q"].shape[-2]) \
+            if sampled.is_sampled(case.expect) and policy is None else None
+        run = functools.partial(blocks.run, rows=rows)
     # NaN, inf and overflow are expected here: policies, poisoned inputs, plain float16
     with np.errstate(all="ignore"):
-        exact = reference.run(case.op, arrays, case.params, policies)
+        exact = run(case.op, arrays, case.params, policies)
         with reference.rounded_to(source, "float32" if wide else None):
-            plain = reference.run(case.op, arrays, case.params, policies)
+            plain = run(case.op, arrays, case.params, policies)
     factor = UNIT_ROUNDOFF[dtype] / UNIT_ROUNDOFF[source]
     roundings = math.sqrt(longest_reduction(arrays))
     order = UNIT_ROUNDOFF["float32" if wide else dtype]

@@ -11,6 +11,7 @@ import numpy as np
 from .compute import FLOAT32_TIER, compute_case
 from .store import GoldenError, GoldenStore, _unpack, load_topic, write_manifest, write_topic
 from ..model.files import make_folder
+from ..model.case import frozen
 from ..model.folder import SpecFolder
 
 GOLDEN_RTOL = 1e-12   # the reference's own run-to-run spread (BLAS, machine) is ~1e-16
@@ -31,7 +32,7 @@ def _golden_of(target) -> tuple[Path, object]:
 def _by_topic(cases):
     topics: dict[str, list] = {}
     for case in cases:
-        if case.profile != "long":
+        if frozen(case):
             topics.setdefault(case.topic, []).append(case)
     return topics
 

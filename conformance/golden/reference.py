@@ -25,6 +25,7 @@ import numpy as np
 from ..model.dtypes import UNIT_ROUNDOFF, numpy_dtype, round_to
 from ..model.ops import OPS
 from ..model.policies import DEFAULT_POLICIES
+from .structure import structured
 
 #: query rows processed at once by sdpa and sdpa_vjp
 BLOCK = 256
@@ -379,6 +380,7 @@ def _row_slices(lq):
     return [slice(start, min(start + BLOCK, lq)) for start in range(0, lq, BLOCK)]
 
 
+@structured
 def attention_weights(q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                       softcap=None, window=None, q_lengths=None, kv_lengths=None,
                       policies=None):
@@ -398,6 +400,7 @@ def _weighted_values(p, keep, v, policy):
     return _r(np.sum(p[..., None] * values, axis=-2))
 
 
+@structured
 def sdpa(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
          softcap=None, window=None, q_lengths=None, kv_lengths=None, policies=None):
     return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies,
@@ -444,6 +447,7 @@ def _unbroadcast(grad, shape):
     return grad
 
 
+@structured
 def sdpa_vjp(q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None, q_lengths=None, kv_lengths=None, policies=None):
     """(dq, dk, dv), and d_sink with a sink: the sink is a key of value 0 whose weight

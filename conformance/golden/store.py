@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .compute import ACCUMULATION_DTYPES, FLOAT32_TIER, compute, entry_key
+from ..model.case import frozen
 from ..model.ops import OPS
 from ..model.files import write_file
 from ..model.folder import SpecFolder, default_folder
@@ -176,10 +177,10 @@ class GoldenStore:
 
     def get(self, case, variant, dtype, policy=None,
             accumulation=None) -> dict[str, tuple[np.ndarray, float]]:
-        """output -> (golden, plain_error); frozen for quick cases, live for long ones.
+        """output -> (golden, plain_error); frozen for quick cases, live for the others.
         accumulation="float32" takes the float32 tier's plain error where the dtype has
         one (float16, bfloat16); anything else, the input-dtype tier."""
-        if case.profile == "long":
+        if not frozen(case):
             return compute(case, variant, dtype, self.tolerances, policy, accumulation)
         data = self.topic(case.topic)
         key = entry_key(case.id, variant.label, dtype, policy)

@@ -29,14 +29,35 @@ class Case:
     file: str
     line: int
     raw: dict = field(repr=False, compare=False, default_factory=dict)
+    #: the memory a test of the case needs of the machine that runs it (GB): on one with
+    #: less, the test is unsupported, by size (golden/inputs.py's too_large)
+    min_memory_gb: float = 0.0
 
     def where(self) -> str:
         return f"{self.file}:{self.line}"
 
 
+#: the profiles a case may belong to: quick (the default run, golden data frozen), long
+#: and scale (each opt-in, golden data computed live)
+CASE_PROFILES = ("quick", "long", "scale")
+#: a case of this profile gets this many times --case-timeout for its calls
+TIMEOUT_FACTOR = {"scale": 10.0}
+
+
 def in_profile(case: Case, profile: str) -> bool:
-    """quick (the default run), long (only the long-sequence cases) or all."""
+    """quick (the default run), long (only the long-sequence cases), scale (only the
+    large ones) or all."""
     return profile == "all" or case.profile == profile
+
+
+def frozen(case: Case) -> bool:
+    """Are the case's golden data frozen in spec/golden (quick), or computed live?"""
+    return case.profile == "quick"
+
+
+def timeout_factor(case: Case) -> float:
+    """How many times --case-timeout the calls of one test of this case may take."""
+    return TIMEOUT_FACTOR.get(case.profile, 1.0)
 
 
 def profile_counts(cases, profile: str = "quick") -> tuple[int, int]:

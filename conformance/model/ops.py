@@ -52,6 +52,12 @@ class Op:
 _PIPELINE = ("causal", "scale", "softcap", "window")
 #: per-batch sequence lengths (variable-length batches): lists of ints over dim 0
 _LENGTHS = ("q_lengths", "kv_lengths")
+#: packed documents: a document id per query and per key (lists of ints)
+_SEGMENTS = ("q_segment_ids", "kv_segment_ids")
+#: block-sparse masks: which (query block, key block) pairs are computed, and block sizes
+_BLOCKS = ("block_mask", "block_size")
+#: the params of the attention ops that take lengths and structure
+_ATTENTION = _PIPELINE + _LENGTHS + _SEGMENTS + _BLOCKS
 
 OPS: dict[str, Op] = {op.name: op for op in (
     Op("softmax", ("x",), (), ("axis",), (), ("out",), shapes.softmax, (), (),
@@ -59,10 +65,10 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("scores", ("q", "k"), ("w", "u", "v"), ("kind", "scale"), ("kind",), ("out",),
        shapes.scores, ("q",), ("k",), False, False,
        "the score matrix of a score function: dot, scaled_dot, bilinear or additive"),
-    Op("attention_weights", ("q", "k"), ("mask", "bias", "sink"), _PIPELINE + _LENGTHS, (), ("out",),
+    Op("attention_weights", ("q", "k"), ("mask", "bias", "sink"), _ATTENTION, (), ("out",),
        shapes.attention_weights, ("q",), ("k",), True, True,
        "softmax(q kᵀ · scale + bias, masked) over the keys"),
-    Op("sdpa", ("q", "k", "v"), ("mask", "bias", "sink"), _PIPELINE + _LENGTHS, (), ("out",), shapes.sdpa,
+    Op("sdpa", ("q", "k", "v"), ("mask", "bias", "sink"), _ATTENTION, (), ("out",), shapes.sdpa,
        ("q",), ("k", "v"), True, True, "scaled dot-product attention: weights @ v"),
     Op("sdpa_lse", ("q", "k", "v"), ("mask", "bias", "sink"), _PIPELINE, (), ("out", "lse"),
        shapes.sdpa_lse, ("q",), ("k", "v"), True, True,
@@ -74,7 +80,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
        ("num_heads", "num_kv_heads", "causal"), ("num_heads",), ("out",),
        shapes.multi_head_attention, ("query",), ("key", "value"), True, False,
        "projections, heads (grouped-query with num_kv_heads), sdpa, output projection"),
-    Op("sdpa_vjp", ("q", "k", "v", "d_out"), ("mask", "bias", "sink"), _PIPELINE + _LENGTHS, (),
+    Op("sdpa_vjp", ("q", "k", "v", "d_out"), ("mask", "bias", "sink"), _ATTENTION, (),
        ("dq", "dk", "dv"), shapes.sdpa_vjp, ("q",), ("k", "v"), True, True,
        "the gradients of sdpa for an upstream gradient d_out (and d_sink with a sink)",
        (("d_sink", "sink"),)),

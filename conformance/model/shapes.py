@@ -105,10 +105,55 @@ def lengths(score, params, s):
             raise ValueError(f"{name} {bad[0]} is outside 0..{full}")
 
 
+def segments(score, params):
+    """q_segment_ids / kv_segment_ids, given together: Lq (Lk) ints shared by the batch, or
+    one such list per element of dim 0 of the scores."""
+    given = [params.get(n) is not None for n in ("q_segment_ids", "kv_segment_ids")]
+    if not any(given):
+        return
+    if not all(given):
+        raise ValueError("q_segment_ids and kv_segment_ids are given together")
+    for name, size in (("q_segment_ids", score[-2]), ("kv_segment_ids", score[-1])):
+        ids = params[name]
+        rows = ids if isinstance(ids[0], list) else [ids]
+        if rows is ids and (len(score) < 3 or len(ids) != score[0]):
+            raise ValueError(f"{name} has {len(ids)} lists: one a batch element needs"
+                             f" {score[0]} and a batch dim (the scores {score})")
+        if any(len(row) != size for row in rows):
+            raise ValueError(f"{name} needs {size} ids a list (the scores {score})")
+
+
+def blocks(score, params):
+    """block_mask with block_size = [Bq, Bk], given together: a 0/1 array whose last two
+    axes are (ceil(Lq / Bq), ceil(Lk / Bk)) and whose leading axes broadcast to the
+    scores' (at most their rank)."""
+    given = [params.get(n) is not None for n in ("block_mask", "block_size")]
+    if not any(given):
+        return
+    if not all(given):
+        raise ValueError("block_mask and block_size are given together")
+    try:
+        shape = np.shape(np.asarray(params["block_mask"], dtype=np.int64))
+    except ValueError:
+        raise ValueError("block_mask is not a regular array (rows of unequal length)") from None
+    size_q, size_k = params["block_size"]
+    want = (-(-score[-2] // size_q), -(-score[-1] // size_k))
+    if len(shape) < 2 or shape[-2:] != want:
+        raise ValueError(f"block_mask {shape} needs last axes {want}: blocks of {size_q} x "
+                         f"{size_k} over the scores {score}")
+    if len(shape) > len(score):
+        raise ValueError(f"block_mask {shape} has more dims than the scores {score}")
+    lead = tuple(score[:-2])
+    if _bcast(shape[:-2], lead, what="block_mask against the scores' batch and heads") != lead:
+        raise ValueError(f"block_mask {shape} does not broadcast to the scores {score}")
+
+
 def attention_weights(s, params):
     score = attention(s["q"], s["k"], None, s.get("mask"), s.get("bias"))[0]
     sink(s.get("sink"), score)
     lengths(score, params, s)
+    segments(score, params)
+    blocks(score, params)
     return (score,)
 
 
@@ -116,6 +161,8 @@ def sdpa(s, params):
     score, out = attention(s["q"], s["k"], s["v"], s.get("mask"), s.get("bias"))
     sink(s.get("sink"), score)
     lengths(score, params, s)
+    segments(score, params)
+    blocks(score, params)
     return (out,)
 
 

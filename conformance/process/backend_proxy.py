@@ -151,9 +151,10 @@ class BackendProxy:
         return self.declaration
 
     @contextlib.contextmanager
-    def test(self):
-        """One test's calls, under --case-timeout for all of them together."""
-        yield _TestCalls(self, Deadline(self.options.case_timeout))
+    def test(self, factor: float = 1.0):
+        """One test's calls, under --case-timeout (`factor` times it: a case of the scale
+        profile, model/case.py) for all of them together."""
+        yield _TestCalls(self, Deadline(self.options.case_timeout * factor))
 
     # --- calls -------------------------------------------------------------------------
     def call(self, op: str, arrays: dict, params: dict, deadline: Deadline) -> tuple:

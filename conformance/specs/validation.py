@@ -21,6 +21,8 @@ import numpy as np
 from ..model.dtypes import UNIT_ROUNDOFF
 from ..model.indexing import parse_index, split_target
 from ..golden.inputs import build_inputs, planned_shapes
+from ..golden.blocks import UNBLOCKED_PARAMS, blocked
+from ..golden.sampled import OPS as SAMPLED_OPS
 from ..model.ops import OPS, output_shapes
 from ..model.shapes import score_shape
 from ..model.policies import POLICIES, TOLERANCE_POLICIES
@@ -41,6 +43,15 @@ MAX_CASE_SCORE_ELEMENTS = 1 << 27
 #: and of one file's cases together, so that no file makes validation or a run hang
 MAX_FILE_ELEMENTS = 1 << 26
 MAX_FILE_SCORE_ELEMENTS = 1 << 29
+#: a case of the scale profile is validated from its shapes alone (its inputs are made
+#: only when one of its tests runs, and a machine too small for it reports the test
+#: unsupported: min_memory_gb), within these limits of one array, of one case's arrays
+#: and of one score matrix; the file limits do not count it
+MAX_SCALE_ARRAY_ELEMENTS = 1 << 34
+MAX_SCALE_CASE_ELEMENTS = 1 << 36
+MAX_SCALE_SCORE_ELEMENTS = 1 << 42
+#: the generators that make a boolean array (and `full` with a boolean value)
+BOOL_GENERATORS = ("bernoulli", "key_padding", "triangle")
 
 #: where a number may be NaN or infinite: paths in a case (* is any key or index,
 #: ** any rest)
@@ -217,6 +228,8 @@ def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml", bud
     problems += [f"dtype {d!r} has no tolerance in {tolerance_file}"
                  for d in case.dtypes if d not in known_dtypes]
     problems += _check_policies(case)
+    if case.profile == "scale":
+        return _scale_errors(case, located, problems)
     elements = [0, 0]            # inputs and outputs; score matrices
     for variant in case.variants:
         label = f"dims {variant.label}: " if variant.label else ""
@@ -229,14 +242,9 @@ def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml", bud
         if limit:
             located.append((limit, ()))
             break
-        try:
-            arrays = build_inputs(case.inputs, variant.dims)
-        except (ValueError, IndexError, TypeError) as exc:
-            problems.append(f"{label}inputs: {exc}")
-            continue
-        empty = _empty_axes(arrays)
-        if empty:
-            located.append((label + empty[0], ("inputs", empty[1])))
+        arrays = _arrays_of(lambda c, v: build_inputs(c.inputs, v.dims), case, variant,
+                            label, problems, located)
+        if arrays is None:
             continue
         found = _check_arrays(case, arrays)
         problems += [label + p for p in found]
@@ -257,6 +265,69 @@ def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml", bud
     if budget is not None and not errors:
         budget[0], budget[1] = budget[0] + elements[0], budget[1] + elements[1]
     return [SpecError(case.file, line, case.id, p) for p, line in errors]
+
+
+def _arrays_of(make, case, variant, label, problems, located):
+    """A variant's arrays, make(case, variant) (its inputs, or their stand-ins), or None
+    once the problem is noted: they cannot be made, or an axis has length 0."""
+    try:
+        arrays = make(case, variant)
+    except (ValueError, IndexError, TypeError, KeyError) as exc:
+        problems.append(f"{label}inputs: {exc}")
+        return None
+    empty = _empty_axes(arrays)
+    if empty:
+        located.append((label + empty[0], ("inputs", empty[1])))
+        return None
+    return arrays
+
+
+def stand_ins(case, variant) -> dict:
+    """The inputs of a variant as arrays of their planned shapes and dtypes that take no
+    memory (a broadcast zero): what validation reads of a scale case."""
+    arrays = {}
+    for name, shape in planned_shapes(case.inputs, variant.dims).items():
+        if shape is None:
+            raise ValueError(f"the shape of input {name!r} cannot be known before it is made")
+        spec = case.inputs[name]
+        source = case.inputs.get(spec.get("same_as"), spec)
+        boolean = any(g in source for g in BOOL_GENERATORS) or source.get("dtype") == "bool" \
+            or isinstance(source.get("full", {}).get("value"), bool)
+        arrays[name] = np.broadcast_to(np.zeros((), dtype=bool if boolean else np.float64), shape)
+    return arrays
+
+
+def _scale_errors(case, located, problems):
+    """static_errors of a case of the scale profile: from its shapes alone, within the
+    scale limits."""
+    for variant in case.variants:
+        label = f"dims {variant.label}: " if variant.label else ""
+        arrays = _arrays_of(stand_ins, case, variant, label, problems, located)
+        if arrays is None:
+            continue
+        found = _check_arrays(case, arrays) or _scale_limit(case, arrays)
+        problems += [label + p for p in found]
+        if not found:
+            problems += _check_expect(case, arrays)
+    errors = {(p, case.line): None for p in problems}
+    errors.update({(p, _line_at(case, path)): None for p, path in located})
+    return [SpecError(case.file, line, case.id, p) for p, line in errors]
+
+
+def _scale_limit(case, arrays) -> list[str]:
+    """The scale limits a variant passes (MAX_SCALE_*)."""
+    shapes = {n: a.shape for n, a in arrays.items()}
+    sizes = [a.size for a in arrays.values()]
+    sizes += [math.prod(s) for s in output_shapes(case.op, shapes, case.params)]
+    scores = score_shape(case.op, shapes, case.params)
+    if max(sizes) > MAX_SCALE_ARRAY_ELEMENTS or sum(sizes) > MAX_SCALE_CASE_ELEMENTS:
+        return [f"an input or output has {max(sizes):,} elements, {sum(sizes):,} in all (at "
+                f"most {MAX_SCALE_ARRAY_ELEMENTS:,} in one array, {MAX_SCALE_CASE_ELEMENTS:,}"
+                " in a scale case)"]
+    if scores is not None and math.prod(scores) > MAX_SCALE_SCORE_ELEMENTS:
+        return [f"the score matrix of shape {tuple(scores)} has more than "
+                f"{MAX_SCALE_SCORE_ELEMENTS:,} elements"]
+    return []
 
 
 def _line_at(case, path) -> int:
@@ -340,7 +411,10 @@ def _planned_elements(case, variant, before) -> tuple[int, str | None, tuple]:
 def planned_limit(case) -> str | None:
     """The first limit the inputs of a case's variants pass, found without allocating
     anything, or None: the cheap part of the limits, which a case read from the spec
-    cache meets again (a case past a limit must never reach generation)."""
+    cache meets again (a case past a limit must never reach generation). A scale case
+    is held to its own limits, by static_errors."""
+    if case.profile == "scale":
+        return None
     elements = [0, 0]
     for variant in case.variants:
         planned, limit, _ = _planned_elements(case, variant, elements)
@@ -394,11 +468,26 @@ def _check_policies(case) -> list[str]:
         allowed = POLICIES.get(name, ())
         problems += [f"policy {name} has no choice {choice!r} (its choices: {', '.join(allowed)})"
                      for choice in choices if choice not in allowed]
+    if case.expect.get("golden") == "sampled":
+        problems += _check_sampled(case)
     if case.params.get("q_lengths") is not None and (
             case.expect.get("golden") or case.expect.get("exact")):
         problems.append("q_lengths makes padded query rows, a policy: give golden and exact"
                         " under expect.policy.padded_query_rows, not at the top of expect")
     return problems
+
+
+def _check_sampled(case) -> list[str]:
+    """`golden: sampled` is for the forward ops, live golden data and no lengths."""
+    if case.op not in SAMPLED_OPS:
+        return [f"golden: sampled checks the query rows of {' and '.join(SAMPLED_OPS)}, "
+                f"not of {case.op} (give golden: true)"]
+    if case.profile == "quick":
+        return ["golden: sampled is for the long and scale profiles, whose golden data are "
+                "computed live (a quick case's are frozen whole: give golden: true)"]
+    if not blocked(case.op, case.params):
+        return [f"golden: sampled takes none of {', '.join(UNBLOCKED_PARAMS)}"]
+    return []
 
 
 def _check_arrays(case, arrays) -> list[str]:

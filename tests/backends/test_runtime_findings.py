@@ -372,6 +372,23 @@ def test_paddle_float32_softmax_drops_a_nan_logit_in_its_vector_lanes(paddle):
     assert np.isfinite(dk.numpy()).all() and np.isfinite(dv.numpy()).all()
 
 
+def test_paddle_float32_fully_masked_row_is_uniform_when_lk_fills_its_vector_lanes(paddle):
+    """A row without keys: NaN in float64 and for Lk 4 or 17, the mean of V in float32 for
+    Lk 8 and 16 (block_sparse/block-sparse-empty-query-block[float32])."""
+    for lk in (4, 8, 16, 17):
+        r = _rng(lk)
+        q, k, v = r.randn(1, 2, 1, 4), r.randn(1, lk, 1, 4), r.randn(1, lk, 1, 4)
+        mask = np.ones((2, lk), dtype=bool)
+        mask[1] = False
+        for dtype in (np.float32, np.float64):
+            row = _sdpa(paddle, *(np.swapaxes(a, 1, 2).astype(dtype) for a in (q, k, v)),
+                        attn_mask=mask)[0, 0, 1]
+            if dtype == np.float32 and lk % 8 == 0:
+                assert row == pytest.approx(v[0, :, 0].mean(axis=0), rel=1e-5)
+            else:
+                assert np.isnan(row).all()
+
+
 def test_paddle_sdpa_gives_masked_keys_weight_and_a_huge_masked_value_leaks(paddle):
     q, k, v = _qkv(8, lq=3, lk=4, d=4, dv=4)
     mask = np.array([True, False, True, True])

@@ -5,8 +5,8 @@ from _plant import Planted, original
 SWAP = {"top_left": "bottom_right", "bottom_right": "top_left", None: None}
 
 
-def _allowed(lq, lk, mask, causal, window):
-    return original["_allowed"](lq, lk, mask, SWAP[causal], window)
+def _allowed(lq, lk, mask, causal, window, offset=None):
+    return original["_allowed"](lq, lk, mask, SWAP[causal], window, offset)
 
 
 class CausalAlignmentSwapped(Planted):

@@ -5,11 +5,13 @@ import numpy as np
 from _plant import Planted, original
 
 
-def _allowed(lq, lk, mask, causal, window):
-    allowed = original["_allowed"](lq, lk, mask, None, window)
+def _allowed(lq, lk, mask, causal, window, offset=None):
+    allowed = original["_allowed"](lq, lk, mask, None, window, offset)
     if causal is None:
         return allowed
-    position = np.arange(lq)[:, None] + (lk - lq if causal == "bottom_right" else 0)
+    if offset is None:
+        offset = lk - lq if causal == "bottom_right" else 0
+    position = np.arange(lq)[:, None] + offset
     future = np.arange(lk)[None, :] >= position
     return future if allowed is None else allowed & future
 

@@ -277,6 +277,28 @@ SCENARIOS = {
         batched("q-lengths-top-golden", "{q_lengths: [2, 1]}", "{golden: true}"), None,
         "q_lengths makes padded query rows, a policy: give golden and exact under "
         "expect.policy.padded_query_rows, not at the top of expect"),
+    # packed documents
+    "segment_ids_alone": (batched("q-segment-ids-alone", "{q_segment_ids: [0, 1]}"), None,
+                          "inconsistent shapes: q_segment_ids and kv_segment_ids are given "
+                          "together"),
+    "segment_ids_count": (batched("kv-segment-ids-count",
+                                  "{q_segment_ids: [0, 1], kv_segment_ids: [0, 1]}"), None,
+                          "inconsistent shapes: kv_segment_ids needs 3 ids a list"),
+    "segment_ids_per_batch": (batched("segment-ids-one-list-of-lists",
+                                      "{q_segment_ids: [[0, 1]], kv_segment_ids: [[0, 0, 1]]}"),
+                              None, "inconsistent shapes: q_segment_ids has 1 lists: one a "
+                              "batch element needs 2"),
+    # block-sparse masks
+    "block_mask_alone": (batched("block-mask-alone", "{block_mask: [[1]]}"), None,
+                         "inconsistent shapes: block_mask and block_size are given together"),
+    "block_mask_blocks": (batched("block-mask-blocks",
+                                  "{block_mask: [[1, 1]], block_size: [1, 2]}"), None,
+                          "inconsistent shapes: block_mask (1, 2) needs last axes (2, 2)"),
+    "block_mask_ragged": (batched("block-mask-ragged",
+                                  "{block_mask: [[1, 1], [1]], block_size: [1, 2]}"), None,
+                          "inconsistent shapes: block_mask is not a regular array"),
+    "block_mask_values": (batched("block-mask-two", "{block_mask: [[2, 1]], block_size: [2, 2]}"),
+                          "block_mask", "is not valid under any of the given schemas"),
     "softmax_axis_out_of_range": (softmax("axis-5", "{axis: 5}"), None,
                                   "inconsistent shapes: axis 5 is out of range for x of 2 dims"),
 }

@@ -1,0 +1,80 @@
+"""The sampled golden (``expect: {golden: sampled}``): the forward pass checked at chosen
+query rows, at a fraction of the cost of every row.
+
+The output of a query row needs that row's scores alone (Lk x D), so a case of sdpa or
+sdpa_lse can be checked at the rows where kernels go wrong, computed by the blocked
+float64 reference (blocks.py) and compared under the tolerance rule of every golden:
+the plain same-dtype error, taken over the same rows, and u x max|golden|. The rows
+(sampled_rows) are the first and the last; both sides of every power-of-two boundary
+from 2**10 up (where 16-bit and 32-bit indices wrap); both sides of the tile boundaries
+of 64 and 128, at the start and at the last whole tile; the rows just past 65,535 (a
+CUDA grid's second dimension); and a seeded random sample. Every batch element and head
+is checked at those rows; a case of at most EVERY_ROW_UP_TO rows, at every row. The backward pass has no sampled form (a case of sdpa_vjp
+takes `golden: true`).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+
+#: rows of the seeded random sample
+RANDOM_ROWS = 32
+#: a case of at most this many query rows is checked at every row
+EVERY_ROW_UP_TO = 64
+#: tile sizes whose boundaries are checked
+TILES = (64, 128)
+#: the first power of two whose boundary is checked
+FIRST_POWER = 10
+#: the ops a sampled golden can check, and the output each one's rows are along
+OPS = ("sdpa", "sdpa_lse")
+
+
+def is_sampled(expect: dict) -> bool:
+    """Does this expectation (a case's expect, or a policy outcome) ask for sampled rows?"""
+    return expect.get("golden") == "sampled"
+
+
+def sampled_rows(lq: int, seed: int) -> np.ndarray:
+    """The query rows checked out of lq, ascending (see the module docstring)."""
+    if lq <= EVERY_ROW_UP_TO:
+        return np.arange(lq, dtype=np.int64)
+    chosen = {0, lq - 1, 65535, 65536, 65537}
+    power = FIRST_POWER
+    while 2 ** power <= lq:
+        chosen.update((2 ** power - 1, 2 ** power))
+        power += 1
+    for tile in TILES:
+        last = (lq // tile) * tile
+        chosen.update((tile - 1, tile, last - 1, last))
+    chosen.update(np.random.RandomState(seed).choice(lq, size=RANDOM_ROWS, replace=False).tolist())
+    return np.array(sorted(r for r in chosen if 0 <= r < lq), dtype=np.int64)
+
+
+def seed_of(case, variant) -> int:
+    """The random sample's seed: fixed by the case id and variant label."""
+    return zlib.crc32(f"{case.id}[{variant.label}]".encode())
+
+
+def rows_for(case, variant, lq: int) -> np.ndarray:
+    return sampled_rows(lq, seed_of(case, variant))
+
+
+def describe_rows(rows, lq: int, shown: int = 12) -> str:
+    """The row set in words, for failure messages and reports."""
+    rows = [int(r) for r in rows]
+    listed = ", ".join(map(str, rows[:shown])) + (f", ... {rows[-1]}" if len(rows) > shown
+                                                  else "")
+    return f"{len(rows)} sampled query rows of {lq:,} ({listed})"
+
+
+def select(output: np.ndarray, name: str, rows) -> np.ndarray:
+    """The sampled rows of a backend's output: `out` along its row axis (-2), `lse`
+    along its last."""
+    return output[..., rows] if name == "lse" else output[..., rows, :]
+
+
+def row_axis(name: str, ndim: int) -> int:
+    return ndim - 1 if name == "lse" else ndim - 2

@@ -1,0 +1,139 @@
+"""The scale profile's machinery: the sampled golden's rows, the blocked reference (the
+same values as reference.py, only the keys a block sees computed), validation from the
+shapes alone, min_memory_gb, and the NumPy backend block by block."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attention_conformance.backends import numpy as numpy_backend
+from attention_conformance.backends import rules
+from attention_conformance.golden import blocks, compute, reference, sampled
+from attention_conformance.model.errors import Unsupported
+from attention_conformance.specs import validation
+
+from attention_conformance.model.folder import default_folder
+from attention_conformance.specs.loader import load_file
+
+RNG = np.random.RandomState(7)
+
+
+def scale_cases() -> dict:
+    """The cases of spec/cases/scale.yaml, loaded alone (validated from their shapes)."""
+    cases, errors = load_file(default_folder().cases_dir / "scale.yaml")
+    assert not errors, errors
+    return {case.id: case for case in cases}
+CALLS = [  # (params, q shape, k shape)
+    ({}, (2, 3, 150, 8), (2, 3, 220, 8)),
+    ({"causal": "top_left"}, (1, 4, 300, 8), (1, 2, 300, 8)),
+    ({"causal": "bottom_right", "window": (40, 3)}, (1, 2, 200, 8), (1, 1, 500, 8)),
+    ({"causal": "bottom_right"}, (1, 1, 300, 8), (1, 1, 120, 8)),      # Lq > Lk: empty rows
+    ({"window": (20, None)}, (2, 1, 260, 8), (2, 1, 260, 8)),
+]
+
+
+def _inputs(q_shape, k_shape):
+    q, k, v = RNG.randn(*q_shape), RNG.randn(*k_shape), RNG.randn(*k_shape)
+    return q, k, v, RNG.rand(q_shape[-2], k_shape[-2]) > 0.2, RNG.randn(k_shape[-2])
+
+
+def test_the_sampled_rows_are_the_boundaries_and_a_seeded_sample():
+    rows = sampled.sampled_rows(131072, seed=5)
+    assert list(rows) == sorted(set(rows)) and rows[0] == 0 and rows[-1] == 131071
+    for power in range(10, 17):
+        assert {2 ** power - 1, 2 ** power} <= set(rows)
+    assert {63, 64, 127, 128, 65535, 65536, 65537} <= set(rows)
+    assert len(rows) < 80 and np.array_equal(rows, sampled.sampled_rows(131072, seed=5))
+    assert not np.array_equal(rows, sampled.sampled_rows(131072, seed=6))
+    assert list(sampled.sampled_rows(40, seed=1)) == list(range(40))
+    assert f"{len(rows)} sampled query rows of 131,072 (0, " in sampled.describe_rows(rows, 131072)
+
+
+@pytest.mark.parametrize("params,q_shape,k_shape", CALLS)
+def test_the_blocked_reference_is_the_reference(params, q_shape, k_shape):
+    q, k, v, mask, bias = _inputs(q_shape, k_shape)
+    for extra in ({}, {"mask": mask}, {"bias": bias, "softcap": 4.0},
+                  {"sink": RNG.randn(q_shape[1])}):
+        for policy in (None, {"fully_masked_rows": "uniform"}):
+            want = reference.sdpa_lse(q, k, v, **params, **extra, policies=policy)
+            got = blocks.sdpa_rows(q, k, v, **params, **extra, policies=policy)
+            rows = np.array([0, 1, 63, 64, q_shape[-2] - 1])
+            some = blocks.sdpa_rows(q, k, v, rows=rows, **params, **extra, policies=policy)
+            for a, b, c in zip(want, got, some):
+                np.testing.assert_allclose(b, a, atol=1e-13, rtol=0)
+                np.testing.assert_allclose(c, a[..., rows, :] if a.ndim == b.ndim and
+                                           a.shape[-1] == q_shape[-1] else a[..., rows],
+                                           atol=1e-13, rtol=0)
+
+
+def test_the_blocked_plain_error_is_the_references_size():
+    """The plain float32 computation over the keys each block sees lands as far from the
+    golden as reference.py's over every key: the tolerance rule is the same."""
+    q, k, v, _, _ = _inputs((1, 2, 300, 16), (1, 2, 300, 16))
+    gold = reference.sdpa(q, k, v, causal="top_left")
+    with reference.rounded_to("float16"):
+        plain = np.max(np.abs(reference.sdpa(q, k, v, causal="top_left") - gold))
+        blocked = np.max(np.abs(blocks.sdpa(q, k, v, causal="top_left") - gold))
+    assert plain / 3 < blocked < plain * 3
+
+
+def test_a_block_skips_the_keys_causal_and_a_window_hide():
+    blocks.reset_stats()
+    q, k, v, _, _ = _inputs((1, 1, 2048, 4), (1, 1, 2048, 4))
+    blocks.sdpa_rows(q, k, v, causal="top_left", window=(63, 0))
+    assert blocks.reset_stats()["scores"] < 2048 * 64 * 3      # not 2048 * 2048
+    assert rules.key_range(100, 110, 200, 200, "top_left", (15, 0)) == (85, 110)
+    assert rules.key_range(0, 5, 10, 40, "bottom_right") == (0, 35)
+
+
+@pytest.mark.parametrize("params,q_shape,k_shape", CALLS)
+def test_the_numpy_backend_block_by_block_is_the_numpy_backend(params, q_shape, k_shape,
+                                                                 monkeypatch):
+    q, k, v, mask, bias = _inputs(q_shape, k_shape)
+    backend = numpy_backend.NumpyBackend()
+    for extra in ({}, {"mask": mask}, {"bias": bias, "softcap": 4.0}):
+        whole = backend.sdpa_lse(q, k, v, **params, **extra)
+        with monkeypatch.context() as patch:
+            patch.setattr(numpy_backend, "BLOCKED_ABOVE", 0)
+            patch.setattr(numpy_backend, "BLOCK_ELEMENTS", 3000)
+            blocked = backend.sdpa_lse(q, k, v, **params, **extra)
+        for a, b in zip(whole, blocked):
+            np.testing.assert_allclose(b, a, atol=1e-12, rtol=0)
+
+
+def test_an_op_that_materializes_the_scores_refuses_what_the_machine_cannot_hold():
+    with pytest.raises(NotImplementedError, match="unsupported by size: 6 score matrices"):
+        rules.check_size("numpy sdpa_vjp", (1, 8, 131072, 64), (1, 2, 131072, 64), copies=6,
+                         memory=24 * 10 ** 9)
+    rules.check_size("numpy", (1, 8, 1024, 64), (1, 2, 1024, 64), memory=24 * 10 ** 9)
+    assert rules.score_shape((3, 8, 5, 4), (1, 2, 7, 4)) == (3, 8, 5, 7)
+
+
+def test_a_scale_case_is_validated_from_its_shapes_alone(monkeypatch):
+    scale = list(scale_cases().values())
+    assert len(scale) >= 10 and all(c.profile == "scale" for c in scale)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a scale case's inputs were made while validating it")
+    monkeypatch.setattr(validation, "build_inputs", refuse)
+    for case in scale:
+        assert validation.static_errors(case, {"float32", "bfloat16", "float16"}) == []
+    arrays = validation.stand_ins(scale[0], scale[0].variants[0])
+    assert all(a.strides == (0,) * a.ndim for a in arrays.values())
+
+
+def test_sampled_is_for_live_forward_cases():
+    case = scale_cases()["scale-prefill-causal"]
+    quick = type(case)(**{**case.__dict__, "profile": "quick"})
+    assert "golden data are computed live" in validation._check_sampled(quick)[0]
+    vjp = type(case)(**{**case.__dict__, "op": "sdpa_vjp"})
+    assert "not of sdpa_vjp" in validation._check_sampled(vjp)[0]
+
+
+def test_a_case_larger_than_the_machine_is_unsupported_by_size(monkeypatch):
+    case = scale_cases()["scale-gpu-mask-past-2-31"]
+    monkeypatch.setattr(compute, "machine_memory_gb", lambda: 24.0)
+    with pytest.raises(Unsupported, match=r"unsupported by size: case scale-gpu-mask-past-2-31 "
+                       r"needs 64 GB of memory \(min_memory_gb\), this machine has 24.0 GB"):
+        compute.generated_inputs(case, case.variants[0])
