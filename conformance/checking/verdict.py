@@ -49,7 +49,8 @@ def run_case(caller, case, variant, dtype, golden, prepared=None, called=None) -
     called: called once the backend has answered the test's first call, before its
     outputs are checked (the judge sends the next tests' calls ahead then)."""
     if dtype not in caller.declaration.dtypes:
-        raise Unsupported(f"backend does not declare dtype {dtype}")
+        why = caller.declaration.dtype_notes.get(dtype)
+        raise Unsupported(f"backend does not declare dtype {dtype}" + (f": {why}" if why else ""))
     exact_inputs, arrays = prepared or case_inputs(case, variant, dtype)
     raw = caller.call(case.op, arrays, case.params)
     if called is not None:
