@@ -16,4 +16,7 @@ BUILTIN = {
     "onnxruntime": "attention_conformance.backends.onnxruntime:OnnxruntimeBackend",
     "onnx-reference": "attention_conformance.backends.onnx_reference:OnnxReferenceBackend",
     "paddle": "attention_conformance.backends.paddle:PaddleBackend",
+    "torch-ring": "attention_conformance.backends.torch_ring:TorchRingBackend",
+    "transformers-sdpa": "attention_conformance.backends.transformers:TransformersSdpaBackend",
+    "transformers-eager": "attention_conformance.backends.transformers:TransformersEagerBackend",
 }

@@ -194,6 +194,8 @@ class TorchFlexBackend(TorchBackend):
         # a padded query (past q_lengths) gets output, weight and dq rows of 0
         "padded_query_rows": "zeros",
     }
+    #: the same choices on every call path (not the torch backend's causal condition)
+    policy_when = []
 
     def __init__(self, device=None, compiled=None):
         super().__init__(device)

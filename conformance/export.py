@@ -33,6 +33,7 @@ import numpy as np
 
 from .api import GoldenCase
 from .golden.compute import generated_inputs, golden_entries
+from .golden.reference import key_nan_columns
 from .golden.store import GoldenStore, write_npz
 from .model.files import write_file
 from .model.ops import OPS
@@ -182,8 +183,9 @@ def _label(variant, dtype) -> str:
     return f"{variant.label}-{dtype}" if variant.label else dtype
 
 
-def _golden_arrays(golden: GoldenCase, variant, dtype) -> tuple[dict, list]:
-    """expected/..., tolerance/... arrays of one variant x dtype, and their index sets."""
+def _golden_arrays(golden: GoldenCase, variant, dtype, arrays) -> tuple[dict, list]:
+    """expected/..., tolerance/... (and nan_allowed/...) arrays of one variant x dtype, and
+    their index sets; arrays: the inputs as the backend gets them."""
     stored, expected_sets = {}, []
     rule = golden.store.tolerances
     for policy in golden_entries(golden.case):
@@ -195,9 +197,24 @@ def _golden_arrays(golden: GoldenCase, variant, dtype) -> tuple[dict, list]:
             stored[f"expected/{prefix}{name}"] = np.asarray(gold, dtype=np.float64)
             stored[f"tolerance/{prefix}{name}"] = np.array(tol)
             outputs[name] = {"shape": list(np.shape(gold)), "tolerance": tol}
+            allowed = _nan_allowed(golden, name, policy, arrays)
+            if allowed is not None:
+                stored[f"nan_allowed/{prefix}{name}"] = allowed
         expected_sets.append({"policy": None if policy is None else prefix[:-1],
                               "outputs": outputs})
     return stored, expected_sets
+
+
+def _nan_allowed(golden: GoldenCase, name: str, policy, arrays):
+    """Where the spec accepts NaN in place of this output's golden (a plain dS K's 0 x NaN
+    in dq from a key its row does not read: reference.key_nan_columns), or None."""
+    k = arrays.get("k")
+    if golden.case.op != "sdpa_vjp" or name != "dq" or k is None or \
+            np.all(np.isfinite(np.asarray(k, dtype=np.float64))) or \
+            policy == ("masked_key_nan", "propagates"):
+        return None
+    allowed = key_nan_columns(arrays["q"], k, mask=arrays.get("mask"), **golden.params)
+    return allowed if allowed.any() else None
 
 
 def _json_document(golden: GoldenCase, variant, dtype, stored: dict) -> dict:
@@ -207,8 +224,9 @@ def _json_document(golden: GoldenCase, variant, dtype, stored: dict) -> dict:
         group, _, name = key.partition("/")
         if group == "tolerance":
             doc[group][name] = float(value)
-        elif group == "inputs":
-            doc[group][name] = json_array(value, None if value.dtype == bool else dtype)
+        elif group == "inputs" or group == "nan_allowed":
+            doc.setdefault(group, {})[name] = json_array(value, None if value.dtype == bool
+                                                         else dtype)
         else:
             doc[group][name] = json_array(value, "float64")
     return doc
@@ -218,7 +236,7 @@ def _entry(golden: GoldenCase, variant, dtype, directory: Path, relative: str, f
     """Write one variant x dtype of a case; return its index entry."""
     arrays = golden.inputs(dtype, variant.label)
     stored = {f"inputs/{n}": _stored(a) for n, a in arrays.items()}
-    gold, expected_sets = _golden_arrays(golden, variant, dtype)
+    gold, expected_sets = _golden_arrays(golden, variant, dtype, arrays)
     stored.update(gold)
     path = directory / f"{_label(variant, dtype)}.{fmt}"
     if fmt == "npz":
@@ -432,7 +450,10 @@ masked gets zeros); in some cases the only branches are policy branches. Under
 batch element `b`, `params["q_lengths"]`) of `out` and `dq` are free: the stored
 expected values there are the `zeros` choice's, and an implementation that declares
 `unspecified` is judged on the other rows only (the reader below checks every row: set
-those rows of your output to 0 first).
+those rows of your output to 0 first). Where a file holds `nan_allowed/KEY` (a boolean of
+the output's shape), NaN is a second exact form at its True positions: dq of `sdpa_vjp`
+where a kernel's plain dS K meets 0 x NaN from a key its row does not read (a NaN stored
+in a masked key); elsewhere the expected value holds.
 
 ## A complete reader (NumPy only)
 
@@ -444,12 +465,11 @@ def load(path):  # {"inputs": {...}, "expected": {...}, "tolerance": {...}} of a
     if path.endswith(".npz"):
         with np.load(path) as f:
             return {g: {k.split("/", 1)[1]: f[k] for k in f.files if k.startswith(g + "/")}
-                    for g in ("inputs", "expected", "tolerance")}
-    doc = json.load(open(path))
-    num = lambda x: [num(y) for y in x] if isinstance(x, list) else float(x) if isinstance(x, str) else x
+                    for g in ("inputs", "expected", "tolerance", "nan_allowed")}
+    doc, num = json.load(open(path)), lambda x: [num(y) for y in x] if isinstance(x, list) else float(x) if isinstance(x, str) else x
     arr = lambda a: np.array(num(a["data"]), {"bfloat16": "float32"}.get(a["dtype"], a["dtype"]))
-    return {"inputs": {k: arr(a) for k, a in doc["inputs"].items()}, "tolerance": doc["tolerance"],
-            "expected": {k: arr(a) for k, a in doc["expected"].items()}}
+    return {"tolerance": doc["tolerance"], **{g: {k: arr(a) for k, a in doc.get(g, {}).items()}
+                                              for g in ("inputs", "expected", "nan_allowed")}}
 
 def check(root, outputs_of, policy=()):  # -> (outputs checked, failures)
     checked, failures = 0, []
@@ -461,6 +481,8 @@ def check(root, outputs_of, policy=()):  # -> (outputs checked, failures)
                 for name in branch["outputs"] if actual is not None else []:
                     key = f"{branch['policy']}/{name}" if branch["policy"] else name
                     got, want = np.asarray(actual[name], np.float64), data["expected"][key]
+                    nan_ok = data["nan_allowed"].get(key, np.zeros(want.shape, bool))  # NaN: a 2nd exact form
+                    got = np.where(nan_ok & np.isnan(got), want, got) if got.shape == want.shape else got
                     fin, checked = np.isfinite(want), checked + 1
                     if not (got.shape == want.shape and np.array_equal(got[~fin], want[~fin], equal_nan=True)
                             and np.all(np.abs(got[fin] - want[fin]) <= data["tolerance"][key])):

@@ -36,9 +36,15 @@ def _cell(text) -> str:
 
 
 def tox_envs() -> list[str]:
+    """The backends tox certifies: each environment of env_list certifies the backend of
+    its name, and every backend its commands name (`--backend NAME`: one environment of
+    one library may certify several, e.g. keras: keras-torch, keras-jax, ...)."""
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
-    return [e.strip() for e in tox["tox"]["env_list"].split(",")]
+    envs = [e.strip() for e in tox["tox"]["env_list"].split(",")]
+    named = [re.findall(r"--backend ([\w.-]+)", tox[f"testenv:{e}"].get("commands", ""))
+             for e in envs if tox.has_section(f"testenv:{e}")]
+    return envs + [name for names in named for name in names]
 
 
 def expected_files() -> dict[str, Path]:

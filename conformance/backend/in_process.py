@@ -10,7 +10,8 @@ import signal
 import threading
 
 from ..model.errors import CaseTimeout
-from .calling import invoke, output_tuple
+from .calling import output_tuple
+from .distributed import dispatch
 from .interface import declare
 
 
@@ -28,8 +29,9 @@ class InProcess:
             yield self
 
     def call(self, op: str, arrays: dict, params: dict) -> tuple:
-        """The op's raw outputs, as a tuple (the errors of calling.invoke)."""
-        return output_tuple(op, arrays, invoke(self.adapter, op, arrays, params))
+        """The op's raw outputs, as a tuple (the errors of calling.invoke; a sharded
+        call's, distributed.dispatch, and RankCrashed)."""
+        return output_tuple(op, arrays, dispatch(self.adapter, op, arrays, params))
 
 
 def timeout_text(seconds: float) -> str:

@@ -1,5 +1,5 @@
 """What a backend declares: name, dtypes, policy (and optionally op_policy, policy_when,
-dtype_notes, versions, paths, expected_failures_file), and the ops it implements.
+dtype_notes, versions, paths, expected_failures_file, distributed), and the ops it implements.
 
 The interface is structural: an adapter never has to import the suite. The ops it
 implements are those of model/ops.py; docs/interface.md is the contract in words. A
@@ -16,6 +16,7 @@ from typing import Any
 from ..model.dtypes import DTYPES
 from ..model.ops import OPS
 from ..model.policies import POLICIES, condition_holds, condition_problem
+from ..model.sharding import FORMS
 
 
 def really_has(adapter: Any, name: str) -> bool:
@@ -39,6 +40,7 @@ class Declaration:
     #: ({"when": {condition: value}, "policy": {policy: choice}}, ...): first match wins
     policy_when: tuple = ()
     dtype_notes: dict = field(default_factory=dict)     # dtype left out -> why
+    distributed: str = ""                               # its distributed form, if any
 
     def as_dict(self) -> dict:
         return {**asdict(self), "dtypes": sorted(self.dtypes), "ops": list(self.ops),
@@ -50,7 +52,7 @@ class Declaration:
         one: that process runs the adapter's code, and may have been tampered with)."""
         if not isinstance(data, dict) or set(data) != set(cls.__dataclass_fields__):
             raise ValueError(f"not a declaration: {str(data)[:200]}")
-        text = {k: data[k] for k in ("name", "module", "expected_failures_file")}
+        text = {k: data[k] for k in ("name", "module", "expected_failures_file", "distributed")}
         names = {"dtypes": data["dtypes"], "ops": data["ops"]}
         tables = {k: data[k] for k in ("policy", "versions", "paths", "dtype_notes")}
         if not all(isinstance(v, str) for v in text.values()) \
@@ -90,6 +92,7 @@ def declare(adapter: Any) -> Declaration:
         policy_when=tuple({"when": dict(rule["when"]), "policy": table(rule["policy"])}
                           for rule in plain("policy_when", list)),
         dtype_notes=table(plain("dtype_notes", dict)),
+        distributed=str(plain("distributed", str)),
         module=type(adapter).__module__,
         expected_failures_file=str(own_file) if isinstance(own_file, str) or
         hasattr(own_file, "__fspath__") else "",
@@ -156,6 +159,9 @@ def declaration_problems(adapter: Any) -> list[str]:
         problems += _policy_when_problems(getattr(adapter, "policy_when", None))
     if really_has(adapter, "dtype_notes"):
         problems += _dtype_notes_problems(getattr(adapter, "dtype_notes", None), dtypes)
+    if really_has(adapter, "distributed") and getattr(adapter, "distributed", None) not in FORMS:
+        problems.append(f"distributed must be one of {', '.join(FORMS)}, not "
+                        f"{getattr(adapter, 'distributed', None)!r}")
     return problems
 
 
@@ -212,4 +218,5 @@ def describe(declaration: Declaration) -> dict[str, Any]:
                if declaration.op_policy else {}),
             **({"policy_when": [dict(rule) for rule in declaration.policy_when]}
                if declaration.policy_when else {}),
-            **({"dtype_notes": dict(declaration.dtype_notes)} if declaration.dtype_notes else {})}
+            **({"dtype_notes": dict(declaration.dtype_notes)} if declaration.dtype_notes else {}),
+            **({"distributed": declaration.distributed} if declaration.distributed else {})}

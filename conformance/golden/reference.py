@@ -581,5 +581,6 @@ def run(op: str, arrays: dict, params: dict, policies=None):
     """Call reference operation ``op`` with the case's arrays and params."""
     func = globals()[OPS[op].name]      # each op of the table is a function of this module
     extra = {"policies": policies} if OPS[op].policy_aware else {}
-    result = func(**arrays, **params, **extra)
+    # `sharding` says how a distributed backend splits the work, not what it computes
+    result = func(**arrays, **{k: v for k, v in params.items() if k != "sharding"}, **extra)
     return result if isinstance(result, tuple) else (result,)

@@ -58,6 +58,8 @@ _SEGMENTS = ("q_segment_ids", "kv_segment_ids")
 _BLOCKS = ("block_mask", "block_size")
 #: the params of the attention ops that take lengths and structure
 _ATTENTION = _PIPELINE + _LENGTHS + _SEGMENTS + _BLOCKS
+#: the case computed over W ranks by the backend's distributed form (model/sharding.py)
+_SHARDING = ("sharding",)
 
 OPS: dict[str, Op] = {op.name: op for op in (
     Op("softmax", ("x",), (), ("axis",), (), ("out",), shapes.softmax, (), (),
@@ -68,9 +70,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("attention_weights", ("q", "k"), ("mask", "bias", "sink"), _ATTENTION, (), ("out",),
        shapes.attention_weights, ("q",), ("k",), True, True,
        "softmax(q kᵀ · scale + bias, masked) over the keys"),
-    Op("sdpa", ("q", "k", "v"), ("mask", "bias", "sink"), _ATTENTION, (), ("out",), shapes.sdpa,
+    Op("sdpa", ("q", "k", "v"), ("mask", "bias", "sink"), _ATTENTION + _SHARDING, (), ("out",),
+       shapes.sdpa,
        ("q",), ("k", "v"), True, True, "scaled dot-product attention: weights @ v"),
-    Op("sdpa_lse", ("q", "k", "v"), ("mask", "bias", "sink"), _PIPELINE, (), ("out", "lse"),
+    Op("sdpa_lse", ("q", "k", "v"), ("mask", "bias", "sink"), _PIPELINE + _SHARDING, (),
+       ("out", "lse"),
        shapes.sdpa_lse, ("q",), ("k", "v"), True, True,
        "sdpa and the natural log-sum-exp of each row's scores (FlashAttention's softmax_lse)"),
     Op("self_attention", ("x", "w_q", "w_k", "w_v"), ("mask",), ("causal",), (), ("out",),
@@ -80,8 +84,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
        ("num_heads", "num_kv_heads", "causal"), ("num_heads",), ("out",),
        shapes.multi_head_attention, ("query",), ("key", "value"), True, False,
        "projections, heads (grouped-query with num_kv_heads), sdpa, output projection"),
-    Op("sdpa_vjp", ("q", "k", "v", "d_out"), ("mask", "bias", "sink"), _ATTENTION, (),
-       ("dq", "dk", "dv"), shapes.sdpa_vjp, ("q",), ("k", "v"), True, True,
+    Op("sdpa_vjp", ("q", "k", "v", "d_out"), ("mask", "bias", "sink"), _ATTENTION + _SHARDING,
+       (), ("dq", "dk", "dv"), shapes.sdpa_vjp, ("q",), ("k", "v"), True, True,
        "the gradients of sdpa for an upstream gradient d_out (and d_sink with a sink)",
        (("d_sink", "sink"),)),
 )}

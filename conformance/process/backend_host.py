@@ -24,7 +24,7 @@ try:
 except ImportError:             # not on Windows
     resource = None
 
-from ..backend.calling import invoke
+from ..backend.distributed import RankCrashed, dispatch
 from ..backend.interface import declare
 from ..backend.resolve import BackendLoadError, load_backend
 from ..model.errors import BackendRaised, CheckFailure, Unsupported
@@ -66,6 +66,8 @@ def memory_mib() -> float | None:
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
+#: the exit status of a backend's process whose sharded call lost a rank (backend/distributed.py)
+RANK_CRASHED = 70
 MAPS_EVERY = 0.2        # seconds at least between two counts of the process's memory maps
 MAPS_BUDGET = 0.05      # and at most this share of the time spent counting them
 
@@ -100,7 +102,11 @@ def answer(adapter, call, holdings):
     """The answer to one call; holdings() gives (memory_mib, maps) of this process once
     the call is done."""
     try:
-        outputs = invoke(adapter, call.op, call.arrays, call.params)
+        outputs = dispatch(adapter, call.op, call.arrays, call.params)
+    except RankCrashed as exc:         # a crash of this test: this process ends as its rank did
+        sys.stderr.write(f"{exc}\n")
+        sys.stderr.flush()
+        os._exit(RANK_CRASHED)
     except BaseException as exc:
         return _failure(exc, (call.id, *holdings()))
     head = (call.id, *holdings())

@@ -26,6 +26,7 @@ from ..golden.sampled import OPS as SAMPLED_OPS
 from ..model.ops import OPS, output_shapes
 from ..model.shapes import score_shape
 from ..model.policies import POLICIES, TOLERANCE_POLICIES
+from ..model.sharding import case_problems as sharding_problems
 from ..checking.properties import PROPERTIES, property_entry
 from .yaml_reader import SpecError
 from ..checking.statistics import STATISTICS
@@ -504,4 +505,5 @@ def _check_arrays(case, arrays) -> list[str]:
         output_shapes(case.op, {n: a.shape for n, a in arrays.items()}, case.params)
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         problems.append(f"inconsistent shapes: {exc}")
-    return problems
+    return problems + sharding_problems(case.op, {n: a.shape for n, a in arrays.items()},
+                                        case.params)

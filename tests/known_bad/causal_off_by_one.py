@@ -9,9 +9,8 @@ def _allowed(lq, lk, mask, causal, window, offset=None):
     allowed = original["_allowed"](lq, lk, mask, causal, window, offset)
     if causal is None:
         return allowed
-    if offset is None:
-        offset = lk - lq if causal == "bottom_right" else 0
-    position = np.arange(lq)[:, None] + offset
+    start = (lk - lq if causal == "bottom_right" else 0) if offset is None else offset
+    position = np.arange(lq)[:, None] + start
     return allowed & (np.arange(lk)[None, :] != position)      # the diagonal is lost
 
 

@@ -65,19 +65,21 @@ FAULTS = {
 }
 
 
-def certify(tmp_path, adapter, cases, *options, timeout=240, tag=None):
-    """Certify a faulty adapter on the sdpa and weights worked examples in a fresh
-    pytest process, every process of which carries `tag` in its environment; the run's
-    result and its JSON report (None if it wrote none)."""
+def certify(tmp_path, adapter, cases, *options, timeout=240, tag=None, select=SELECT,
+            spec_dir=None):
+    """Certify a faulty adapter on the sdpa and weights worked examples (or the cases
+    `select` picks in `cases`, of the spec folder `spec_dir`) in a fresh pytest process,
+    every process of which carries `tag` in its environment; the run's result and its
+    JSON report (None if it wrote none)."""
     reports = tmp_path / "reports"
     for folder in ("tmp", "markers"):
         (tmp_path / folder).mkdir(exist_ok=True)     # the run's temporary folder: its own
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "TMPDIR": str(tmp_path / "tmp"),
            "FAULTY_MARKERS": str(tmp_path / "markers"), "FAULTY_TEST_TAG": tag or "none"}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(cases), "--spec-dir", str(cases), "-p",
+        [sys.executable, "-m", "pytest", str(cases), "--spec-dir", str(spec_dir or cases), "-p",
          "attention_conformance.plugin", "-p", "no:cacheprovider", "-q",
-         "--backend", str(FAULTY / adapter), "-k", SELECT, "--dtype", "float32",
+         "--backend", str(FAULTY / adapter), "-k", select, "--dtype", "float32",
          "--dtype", "float64", "--report", str(reports), *options],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
     [report] = reports.glob("*.json") if reports.exists() else [None]

@@ -500,3 +500,29 @@ def test_the_tags_and_bfloat16_are_documented():
 def test_export_refuses_an_unknown_case(tmp_path, capsys):
     result = run(capsys, "export", tmp_path / "x", "--case", "no-such-case")
     assert result.returncode == 2 and "no-such-case" in result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["npz", "json"])
+def test_the_reader_takes_nan_only_where_the_export_allows_it(tmp_path, fmt):
+    """dq of a NaN stored in a masked key: NaN passes at the export's nan_allowed positions
+    (a plain dS K's 0 x NaN) and fails anywhere else."""
+    root = tmp_path / "golden"
+    assert main_cli(["export", str(root), "--format", fmt, "--case",
+                     "policies-masked-key-nan-vjp", "--dtype", "float64"]) == 0
+    reader = {}
+    exec(reader_code(), reader)
+    [case] = json.loads((root / "index.json").read_text())["cases"]
+    data = reader["load"](str(root / case["entries"][0]["file"]))
+    branch = "masked_key_nan=ignored"
+    allowed = data["nan_allowed"][f"{branch}/dq"]
+    assert allowed.any() and not allowed.all()
+
+    def outputs(nan_at):
+        got = {k.split("/")[1]: v.copy() for k, v in data["expected"].items()
+               if k.startswith(branch + "/")}
+        got["dq"][nan_at] = np.nan
+        return lambda c, e, inputs: got
+
+    for nan_at, failed in ((allowed, []), (~allowed, [f"{branch}/dq"])):
+        checked, failures = reader["check"](str(root), outputs(nan_at), [branch])
+        assert checked == 3 and [f.split(": ")[1] for f in failures] == failed

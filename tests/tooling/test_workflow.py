@@ -34,7 +34,7 @@ def test_each_tox_environment_is_a_job_and_the_last_merges_the_reports():
     steps = jobs["certify"]["steps"]
     assert any(s.get("run") == 'python -m tox -e "${{ matrix.env }}"' for s in steps)
     upload = next(s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact"))
-    assert upload["with"]["path"] == "reports/${{ matrix.env }}.json"
+    assert upload["with"]["path"] == "reports/*.json"      # one per backend the env certifies
     assert jobs["report"]["needs"] == "certify"
     assert any(s.get("run") == "attention-conformance report reports"
                for s in jobs["report"]["steps"])

@@ -1,0 +1,185 @@
+"""Each finding listed for Hugging Face transformers' attention functions in
+backends/expected_failures/ (and each call-path behaviour their adapters declare with
+policy_when or dtype_notes) reproduced directly with the library,
+not through the adapters, and compared with a float64 NumPy computation.
+
+Every test asserts that the difference exists: when a library changes, its test fails
+here, and the declaration it justifies is to be revisited. A test whose library is not
+installed is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+
+from test_runtime_findings import _qkv, attend64, rel_err
+
+
+def _tril(lq, lk):
+    """Top-left causal: query i sees keys j <= i."""
+    return np.arange(lk)[None, :] <= np.arange(lq)[:, None]
+
+
+# ===================================================================== transformers
+
+
+@pytest.fixture(scope="module")
+def hf():
+    """(torch, the attention functions of transformers) or skip."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    return types.SimpleNamespace(torch=torch, sdpa=sdpa_attention_forward,
+                                 eager=eager_attention_forward)
+
+
+def _module(**extra):
+    return types.SimpleNamespace(num_key_value_groups=1, is_causal=True, training=False,
+                                 **extra)
+
+
+def _t(hf, a, dtype=None):
+    return hf.torch.tensor(np.asarray(a), dtype=dtype or hf.torch.float64)
+
+
+def _eager_mask(hf, allowed, dtype):
+    """masking_utils.eager_mask's form: 0 where allowed, finfo(dtype).min elsewhere."""
+    torch = hf.torch
+    return torch.where(torch.tensor(allowed), torch.zeros((), dtype=dtype),
+                       torch.finfo(dtype).min)
+
+
+def _out(y):
+    """The functions' (B, Lq, H, Dv) output as float64 NumPy (B, H, Lq, Dv)."""
+    return y.detach().transpose(1, 2).double().numpy()
+
+
+def test_sdpa_is_causal_with_one_query_is_full_attention(hf):
+    """is_causal is SDPA's top-left flag for Lq > 1 and dropped for Lq = 1 (decode), where
+    the query then sees every key: bottom-right, not top-left."""
+    q, k, v = _qkv(301, lq=1, lk=5)
+    out, _ = hf.sdpa(_module(), _t(hf, q), _t(hf, k), _t(hf, v), None, is_causal=True)
+    assert rel_err(_out(out), attend64(q, k, v)[0]) < 1e-12
+    assert rel_err(_out(out), attend64(q, k, v, allowed=_tril(1, 5))[0]) > 0.1
+
+
+def test_sdpa_is_causal_crops_keys_past_lq_so_a_hidden_nan_is_never_read(hf):
+    """With is_causal, no mask and Lk > Lq > 1 the function keeps the first Lq keys and
+    values: a NaN past them is never read, while the same NaN behind an explicit boolean
+    mask of the same causal pattern reaches the output (SDPA reads every key)."""
+    q, k, v = _qkv(302, lq=3, lk=5)
+    k[..., 4, :] = np.nan
+    v[..., 4, :] = np.nan
+    want, _ = attend64(q, k[..., :3, :], v[..., :3, :], allowed=_tril(3, 3))
+    flagged, _ = hf.sdpa(_module(), _t(hf, q), _t(hf, k), _t(hf, v), None, is_causal=True)
+    assert np.isfinite(_out(flagged)).all() and rel_err(_out(flagged), want) < 1e-12
+    masked, _ = hf.sdpa(_module(), _t(hf, q), _t(hf, k), _t(hf, v),
+                        hf.torch.tensor(_tril(3, 5))[None, None], is_causal=True)
+    assert np.isnan(_out(masked)).all()
+
+
+def test_sdpa_position_bias_fills_masked_logits_with_finfo_min(hf):
+    """With a position_bias the boolean mask becomes a float mask with finfo(dtype).min at
+    masked keys: a query without keys attends uniformly (the mean of V) instead of getting
+    SDPA's zero row, and a -inf bias on every allowed key lets the masked keys win."""
+    q, k, v = _qkv(303, lq=3, lk=4)
+    allowed = np.ones((3, 4), dtype=bool)
+    allowed[1] = False                                   # query 1: no key
+    bias = np.zeros((1, 1, 3, 4))
+    args = (_module(), _t(hf, q), _t(hf, k), _t(hf, v), hf.torch.tensor(allowed)[None, None])
+    out = _out(hf.sdpa(*args, position_bias=_t(hf, bias))[0])
+    assert np.allclose(out[:, :, 1], v.mean(axis=-2), rtol=1e-12, atol=0)
+    assert (_out(hf.sdpa(*args)[0])[:, :, 1] == 0).all()          # a plain mask: zeros
+    bias[..., 0, :2] = -np.inf                           # query 0: -inf on keys 0 and 1 ...
+    allowed[0, 2:] = False                               # ... its only allowed keys
+    args = args[:4] + (hf.torch.tensor(allowed)[None, None],)
+    out = _out(hf.sdpa(*args, position_bias=_t(hf, bias))[0])
+    assert np.allclose(out[:, :, 0], v[..., 2:, :].mean(axis=-2), rtol=1e-12, atol=0)
+
+
+def test_sdpa_flash_backward_of_a_single_key_row_is_rounding_not_zero(hf):
+    """On 4-D inputs with a mask torch's CPU flash kernel runs the backward: the dq of a
+    query that sees one key (exactly 0) is rounding."""
+    torch = hf.torch
+    r = np.random.RandomState(10741)
+    q, k, v, d_out = (r.randn(1, 2, 6, 5) * 2 for _ in range(4))
+    allowed = _tril(6, 6)
+    leaves = [_t(hf, a).requires_grad_() for a in (q, k, v)]
+    out, _ = hf.sdpa(_module(), *leaves, torch.tensor(allowed)[None, None], scaling=0.25)
+    dq = torch.autograd.grad(out, leaves[0], _t(hf, d_out).transpose(1, 2))[0].numpy()
+    assert np.abs(dq[:, :, 0]).max() > 0                 # 0 in exact arithmetic
+
+
+def test_eager_softmax_runs_in_float32(hf):
+    """float64 left out of transformers-eager: its softmax is computed in float32."""
+    q, k, v = _qkv(304, lq=4, lk=6)
+    out, _ = hf.eager(_module(), _t(hf, q), _t(hf, k), _t(hf, v), None,
+                      scaling=1 / math.sqrt(8))
+    assert 1e-9 < rel_err(_out(out), attend64(q, k, v)[0]) < 1e-6
+
+
+def test_eager_float64_row_without_keys_is_nan_and_float32_one_is_uniform(hf):
+    """finfo(float64).min overflows to -inf in the float32 softmax (a NaN row); in float32
+    every masked logit is the same finite fill (a uniform row)."""
+    torch = hf.torch
+    q, k, v = _qkv(305, lq=2, lk=3)
+    allowed = np.ones((2, 3), dtype=bool)
+    allowed[0] = False
+    for dtype, check in ((torch.float64, np.isnan),
+                         (torch.float32, lambda o: np.isclose(o, v.mean(axis=-2), atol=1e-6))):
+        out, _ = hf.eager(_module(), *(_t(hf, a, dtype) for a in (q, k, v)),
+                          _eager_mask(hf, allowed, dtype), scaling=1 / math.sqrt(8))
+        assert check(_out(out)[:, :, 0]).all()
+
+
+def test_eager_uniform_row_has_a_score_gradient(hf):
+    """The uniform row comes from equal finite logits, so autograd gives it a score
+    gradient: its dq row is not 0 (constant weights 1/Lk would give 0)."""
+    torch = hf.torch
+    q, k, v = _qkv(306, lq=2, lk=3, d=4, dv=4)
+    allowed = np.ones((2, 3), dtype=bool)
+    allowed[0] = False
+    leaves = [_t(hf, a, torch.float32).requires_grad_() for a in (q, k, v)]
+    out, _ = hf.eager(_module(), *leaves, _eager_mask(hf, allowed, torch.float32), scaling=1.0)
+    d_out = np.random.RandomState(1).randn(*out.shape)
+    dq = torch.autograd.grad(out, leaves[0], _t(hf, d_out, torch.float32))[0].numpy()
+    # float64 NumPy: s = the fill + q k^T (the fill absorbs it), P = 1/3, and the score
+    # gradient of the row is P * (dP - sum(dP * P)), with dP = dO V^T
+    d_o = np.swapaxes(d_out, 1, 2)[:, :, 0]                        # (B, H, Dv)
+    dp = d_o[..., None, :] @ np.swapaxes(v, -1, -2)               # (B, H, 1, Lk)
+    ds = (dp - dp.mean(axis=-1, keepdims=True)) / 3
+    assert rel_err(dq[:, :, 0], (ds @ k)[:, :, 0]) < 1e-5
+    assert np.abs(dq[:, :, 0]).max() > 0.1
+
+
+def test_eager_neg_inf_bias_on_every_allowed_key_lets_masked_keys_win(hf):
+    torch = hf.torch
+    q, k, v = _qkv(307, lq=2, lk=4)
+    allowed = np.ones((2, 4), dtype=bool)
+    allowed[0, 2:] = False
+    mask = _eager_mask(hf, allowed, torch.float32)
+    mask[..., 0, :2] = -math.inf                         # the bias of query 0's allowed keys
+    out, _ = hf.eager(_module(), *(_t(hf, a, torch.float32) for a in (q, k, v)), mask[None, None],
+                      scaling=1.0)
+    assert np.allclose(_out(out)[:, :, 0], v[..., 2:, :].mean(axis=-2), atol=1e-6)
+
+
+def test_eager_float16_overflowing_masked_score_is_nan(hf):
+    """The mask is added: a float16 score that overflows to +inf at a masked key stays
+    +inf (inf + finfo(float16).min), and the row is NaN; float64 NumPy ignores the key."""
+    torch = hf.torch
+    q, k, v = _qkv(308, lq=1, lk=3, d=4, dv=4)
+    q[:] = 1.0
+    k[..., 2, :] = 3.0e4                                 # q . k = 1.2e5: past 65504
+    allowed = np.array([[True, True, False]])
+    out, _ = hf.eager(_module(), *(_t(hf, a, torch.float16) for a in (q, k, v)),
+                      _eager_mask(hf, allowed, torch.float16), scaling=1.0)
+    assert np.isnan(_out(out)).all()
+    assert np.isfinite(attend64(q, k, v, allowed=allowed, scale=1.0)[0]).all()
+
