@@ -17,6 +17,7 @@ BUILTIN = {
     "onnx-reference": "attention_conformance.backends.onnx_reference:OnnxReferenceBackend",
     "paddle": "attention_conformance.backends.paddle:PaddleBackend",
     "torch-ring": "attention_conformance.backends.torch_ring:TorchRingBackend",
+    "jax-ring": "attention_conformance.backends.jax_ring:JaxRingBackend",
     "transformers-sdpa": "attention_conformance.backends.transformers:TransformersSdpaBackend",
     "transformers-eager": "attention_conformance.backends.transformers:TransformersEagerBackend",
 }

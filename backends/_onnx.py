@@ -289,6 +289,7 @@ class OnnxAttention:
         return (kv_lengths is not None and q_lengths is None and window is None
                 and causal in (None, "bottom_right") and np.ndim(q) >= 4)
 
+    @rules.sized()
     @rules.structure_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None, q_lengths=None,
@@ -312,6 +313,7 @@ class OnnxAttention:
         return self._attention(q, k, zero_v, mask=mask, bias=bias, causal=causal,
                                scale=scale, softcap=softcap, window=window, mode=3)
 
+    @rules.sized()
     @rules.structure_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None, q_lengths=None, kv_lengths=None):
@@ -330,6 +332,7 @@ class OnnxAttention:
         return self._attention(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
                                softcap=softcap, window=window, mode=None)
 
+    @rules.sized()
     def sdpa_vjp(self, q, k, v, d_out, **params):
         raise NotImplementedError(f"{self.name}: ONNX has no gradient of Attention that "
                                   "this runtime executes")

@@ -255,6 +255,7 @@ class JaxBackend:
             scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             return _result(cores.scores(q, k, w, u, v, kind=kind, scale=scale))
 
+    @rules.sized()
     @rules.lengths_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None):
@@ -265,6 +266,7 @@ class JaxBackend:
                 return _result(cores.sink_weights(q, k, _mask(mask), bias, sink, **params))
             return _result(cores.weights(q, k, _mask(mask), bias, **params))
 
+    @rules.sized()
     @rules.structure_as_mask
     @_with_heads
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
@@ -280,6 +282,7 @@ class JaxBackend:
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
             return _result(cores.sdpa(q, k, v, _mask(mask), bias, *lengths, **params))
 
+    @rules.sized()
     def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
         with self._running():
@@ -288,6 +291,7 @@ class JaxBackend:
             out = cores.sdpa_lse(q, k, v, _mask(mask), bias, sink, **params)
             return tuple(_result(x) for x in out)
 
+    @rules.sized()
     @rules.structure_as_mask
     @_with_heads
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,

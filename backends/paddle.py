@@ -284,6 +284,7 @@ class PaddleBackend:
             raise ValueError(f"unknown score kind {kind!r}")
         return _to_numpy(s)
 
+    @rules.sized()
     @rules.lengths_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
@@ -300,6 +301,7 @@ class PaddleBackend:
                     softcap=softcap, window=window)
         return _to_numpy(p)
 
+    @rules.sized()
     @rules.lengths_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
@@ -313,6 +315,7 @@ class PaddleBackend:
                       softcap=softcap, window=window)
         return _to_numpy(out)
 
+    @rules.sized()
     @rules.lengths_as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
@@ -331,6 +334,7 @@ class PaddleBackend:
         grads = paddle.grad([out], leaves, grad_outputs=[_to_paddle(d_out, dt)])
         return tuple(_to_numpy(g) for g in grads)
 
+    @rules.sized()
     def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
         dt = self._dtype(q)

@@ -28,13 +28,14 @@ Functions and classes:
   (``lengths_as_mask`` folds them in too);
 - ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back;
 - ``key_range``: the keys a block of queries may see (a blocked kernel skips the rest);
-- ``memory_bytes``, ``check_size``: refuse, with the reason, a call whose score matrices
-  this machine cannot hold (NotImplementedError: the test is unsupported, by size).
+- ``memory_bytes``, ``check_size``, ``sized``: refuse, with the reason, a call whose score
+  matrices this machine cannot hold (NotImplementedError: the test is unsupported, by size).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 
@@ -346,3 +347,22 @@ def check_size(name: str, q_shape, k_shape, itemsize: int = 4, copies: int = 3,
             f"{name}: unsupported by size: {copies} score matrices of shape {shape} "
             f"({itemsize}-byte elements) need {needed / 1e9:.1f} GB, more than "
             f"{share:g} of this machine's {memory / 1e9:.1f} GB")
+
+
+def sized(copies: int = 3, streams=None):
+    """Wrap an adapter's attention_weights, sdpa, sdpa_lse or sdpa_vjp: check_size on its
+    q and k (in their own itemsize, `copies` score matrices) before the framework runs, so
+    that a call it cannot hold is unsupported, by size, not a crash. streams(params): True
+    for the calls the framework computes without holding the scores (a flash kernel)."""
+    def wrap(method):
+        @functools.wraps(method)
+        def checked(self, q, k, *arrays, **params):
+            if streams is None or not streams(params):
+                itemsize = max(4, np.dtype(getattr(q, "dtype", np.float32)).itemsize)
+                check_size(f"{self.name} {method.__name__}", np.shape(q), np.shape(k),
+                           itemsize=itemsize, copies=copies)
+            return method(self, q, k, *arrays, **params)
+        # the keywords it takes are the method's own (the suite reads them unwrapped)
+        checked.__signature__ = inspect.signature(method, follow_wrapped=False)
+        return checked
+    return wrap

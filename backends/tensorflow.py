@@ -217,6 +217,7 @@ class TensorflowBackend:
 
     # ------------------------------------------------------------ attention
 
+    @rules.sized()
     @rules.lengths_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                           softcap=None, window=None):
@@ -254,6 +255,7 @@ class TensorflowBackend:
 
         return key, fn, [_tensor(a) for a in (q, k, v, mask4, bias4)]
 
+    @rules.sized()
     @rules.lengths_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
@@ -264,6 +266,7 @@ class TensorflowBackend:
         key, fn, args = self._sdpa_call(q, k, v, mask, bias, causal, scale, softcap, window)
         return _numpy(self._run(("sdpa",) + key, fn, *args), dtype)
 
+    @rules.sized()
     @rules.lengths_as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
@@ -291,6 +294,7 @@ class TensorflowBackend:
         grads = self._run(("vjp",) + key + _sig(d_out), vjp, *args, _tensor(d_out))
         return tuple(_numpy(g, dtype) for g in grads)
 
+    @rules.sized()
     def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
         dtype = _dtype_name(q, k, v)

@@ -158,6 +158,14 @@ def _attend(q, k, v, *, mask=None, bias=None, causal=None, scale=None,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kwargs)
 
 
+def _streams(params) -> bool:
+    """Does torch compute this call without holding its scores (its flash kernel: causal
+    top-left and nothing else)? rules.sized checks the size of every other call."""
+    return params.get("causal") == "top_left" and all(
+        params.get(name) is None for name in ("mask", "bias", "sink", "softcap", "window",
+                                              "q_lengths", "kv_lengths"))
+
+
 def _lower_right(lq: int, lk: int):
     # imported at the first use: torch.nn.attention.bias imports torch._dynamo (about as
     # long as torch itself), which a run without bottom-right causal never needs
@@ -364,6 +372,7 @@ class TorchBackend:
                                       f"{self.name}: no attention sink in the kernel")
         return _composed_lse
 
+    @rules.sized(streams=_streams)
     @rules.lengths_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None):
@@ -382,6 +391,7 @@ class TorchBackend:
                                  softcap=softcap, window=window)
             return _to_numpy(p)
 
+    @rules.sized(streams=_streams)
     @rules.lengths_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
@@ -394,6 +404,7 @@ class TorchBackend:
                                softcap=softcap, window=window)
             return _to_numpy(out)
 
+    @rules.sized(streams=_streams)
     def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
         path = self._lse_path(sink)
@@ -404,6 +415,7 @@ class TorchBackend:
                             softcap=softcap, window=window)
             return _to_numpy(out), _to_numpy(lse)
 
+    @rules.sized(streams=_streams)
     @rules.lengths_as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
                  scale=None, softcap=None, window=None):

@@ -7,6 +7,7 @@ writes benchmarks/results/KIND.json with its Markdown beside it:
     python benchmarks/bench.py suite                    # the suite's own tests
     python benchmarks/bench.py matrix --tox-log reports/tox.log --tox-time reports/tox.time
     python benchmarks/bench.py paired --base main --head . --backend numpy --backend torch
+    python benchmarks/bench.py scale --backend numpy    # --profile scale: wall, memory, golden
 
 Medians of --repeat runs, each a fresh process. Nothing here is a test: a figure taken
 on a busy machine is inflated, and the results files record the load average.
@@ -206,6 +207,9 @@ def parser() -> argparse.ArgumentParser:
     paired_p.add_argument("--head", required=True, help="a commit or a checkout's folder")
     paired_p.add_argument("--backend", action="append", dest="backends")
     paired_p.add_argument("--repeat", type=int, default=9)
+    scale_p = commands.add_parser("scale", help="--profile scale on each backend (the first: "
+                                  "its golden data's cost and the reference's rate)")
+    scale_p.add_argument("--backend", action="append", dest="backends")
     return p
 
 
@@ -229,6 +233,9 @@ def main(argv=None) -> int:
                                   args.repeat, args.topics))
         elif args.command == "suite":
             save("suite", suite(args.repeat, scratch))
+        elif args.command == "scale":
+            import scale                    # NumPy and the suite: only this command needs them
+            save("scale", scale.figures(args.backends or ["numpy"], scratch))
         else:
             base, head = Tree(args.base, scratch / "base"), Tree(args.head, scratch / "head")
             save("paired", paired(base, head, args.backends or ["numpy", "torch"], args.repeat))

@@ -27,6 +27,8 @@ QUESTIONS = {
                     "(JAX's compilation cache kept)?",
     "matrix-warm": "How long does the whole tox matrix take warm?",
     "paired": "Did a change make the quick run slower?",
+    "scale": "How long does the scale profile take, in how much memory, and what does its "
+             "golden cost?",
 }
 
 
@@ -79,8 +81,21 @@ def paired_line(f: dict) -> str:
                      for name, b in f["backends"].items()) + " (head / base)"
 
 
+def scale_line(f: dict) -> str:
+    run, ref = f["backends"][f["reference_backend"]], f["reference"]
+    counts = {}
+    for test in run["tests"].values():
+        counts[test["status"]] = counts.get(test["status"], 0) + 1
+    matmul = max(ref["matmul_gflops"])
+    return (f"{f['reference_backend']} --profile scale: {run['wall']:.0f} s wall, peak "
+            f"{run['peak_memory_gb']:.1f} GB ({', '.join(f'{n} {s}' for s, n in counts.items())});"
+            f" golden {ref['share']:.0%} of it; float64 reference {ref['long_profile_gflops']}"
+            f" GFLOP/s on the long cases, float64 matmul {matmul} GFLOP/s "
+            f"(x{matmul / ref['long_profile_gflops']:.1f})")
+
+
 HEADLINES = {"overhead": overhead_line, "floors": floors_line, "suite": suite_line,
-             "matrix": matrix_line, "paired": paired_line}
+             "matrix": matrix_line, "paired": paired_line, "scale": scale_line}
 
 
 def overhead_body(f: dict) -> list[str]:
@@ -131,8 +146,32 @@ def paired_body(f: dict) -> list[str]:
               f"{spread(b['base'])} | {spread(b['head'])} |" for name, b in f["backends"].items())]
 
 
+def scale_body(f: dict) -> list[str]:
+    ref = f["reference"]
+    out = [f"Golden data ({f['reference_backend']}'s passing tests, computed again after the "
+           f"run): {ref['seconds']:.1f} s, {ref['share']:.1%} of the run's wall; the float64 "
+           f"reference {ref['exact_gflops']} GFLOP/s, the plain same-dtype pass "
+           f"{ref['plain_gflops']} GFLOP/s, on {ref['threads']} threads. The long profile's "
+           f"sdpa cases (every row): the float64 reference {ref['long_profile_gflops']} "
+           f"GFLOP/s. float64 matmul on as many threads, before and after: "
+           f"{ref['matmul_gflops'][0]} and {ref['matmul_gflops'][1]} GFLOP/s.", ""]
+    for name, run in f["backends"].items():
+        out += [f"**{name}**: {run['wall']:.0f} s wall, peak {run['peak_memory_gb']:.2f} GB of "
+                f"every process of the run together, load average at its end "
+                f"{', '.join(map(str, run['load_average']))}.", "",
+                "| test | status | seconds | golden s | why |", "|---|---|---:|---:|---|"]
+        for test, t in run["tests"].items():
+            golden = ref["tests"].get(test, {}).get("seconds") if name == f["reference_backend"] \
+                else None
+            out.append(f"| `{test}` | {t['status']} | {t['seconds']:.1f} | "
+                       f"{'–' if golden is None else format(golden, '.1f')} | "
+                       f"{t['why'].replace('|', '/')} |")
+        out.append("")
+    return out
+
+
 BODIES = {"overhead": overhead_body, "floors": floors_body, "suite": suite_body,
-          "matrix": matrix_body, "paired": paired_body}
+          "matrix": matrix_body, "paired": paired_body, "scale": scale_body}
 
 
 def page(record: dict) -> str:

@@ -10,8 +10,9 @@ thread runs in a copy of the caller's context, so that ``rounded_to`` holds in a
 them. ``rows`` computes only those query rows (golden/sampled.py): the output of a row
 needs that row's scores alone.
 
-STATS counts what the reference did (score elements, multiply-adds of its two matrix
-products, wall seconds), for benchmarks/scale.py's rate.
+STATS counts what was computed (score elements, the FLOPs of the matrix products, wall
+seconds), apart for the float64 reference (`exact`) and the plain same-dtype pass under
+``rounded_to`` (`plain`), for benchmarks/scale.py's rates.
 """
 
 from __future__ import annotations
@@ -27,21 +28,23 @@ from . import reference
 from .structure import STRUCTURE_PARAMS
 
 #: score elements (batch x heads x rows x keys) of one group at most: its temporaries
-#: stay within 64 MiB each, and a group of rows over a million keys still holds 8 rows
+#: stay within 128 MiB each, and a group of rows over a million keys still holds 16 rows
 #: (each group reads its keys once: a group of one row would be bound by memory, not
 #: by its arithmetic)
-GROUP_ELEMENTS = 1 << 23
+GROUP_ELEMENTS = 1 << 24
 #: rows of one group at most (a group of more rows reads each key block for more rows)
 GROUP_ROWS = 256
 
-#: what the reference computed since the last reset (reset_stats)
-STATS = {"scores": 0, "flops": 0, "seconds": 0.0}
+#: what was computed since the last reset (reset_stats), per pass
+STATS = {"exact": {"scores": 0, "flops": 0, "seconds": 0.0},
+         "plain": {"scores": 0, "flops": 0, "seconds": 0.0}}
 
 
 def reset_stats() -> dict:
     """STATS as they were, and zeroed."""
-    before = dict(STATS)
-    STATS.update(scores=0, flops=0, seconds=0.0)
+    before = {part: dict(counts) for part, counts in STATS.items()}
+    for counts in STATS.values():
+        counts.update(scores=0, flops=0, seconds=0.0)
     return before
 
 
@@ -113,11 +116,17 @@ def _group(q, k, v, mask, bias, sink, index, lo, hi, params, policy):
     offset = lk - lq if causal == "bottom_right" else 0
     keep = reference._causal_and_window(np.arange(lo, hi)[None, :], (index + offset)[:, None],
                                         causal, window)
+    if mask is not None:
+        keep = keep & _keys_of(_rows_of(mask, index), lo, hi)
+    if _float32_plain(sink, bias, params):
+        k32, v32 = params["float32"]
+        found = _plain_float32(q[..., index, :], k32[..., lo:hi, :], v32[..., lo:hi, :], keep,
+                               params["scale"])
+        if found is not None:
+            return found
     s = reference._logits(q[..., index, :], k[..., lo:hi, :], scale=params["scale"],
                           softcap=params.get("softcap"),
                           bias=_keys_of(_rows_of(bias, index), lo, hi))
-    if mask is not None:
-        keep = keep & _keys_of(_rows_of(mask, index), lo, hi)
     keep = np.broadcast_to(keep, s.shape)
     if sink is None and params["finite"] and reference._ROUNDING.get() is None:
         direct = _direct(s, keep, v[..., lo:hi, :])
@@ -125,6 +134,43 @@ def _group(q, k, v, mask, bias, sink, index, lo, hi, params, policy):
             return direct
     p, _, lse = reference._softmax_parts(s, keep, policy, reference._sink_column(sink))
     return reference._weighted_values(p, keep, v[..., lo:hi, :], policy), lse
+
+
+def _float32_plain(sink, bias, params) -> bool:
+    """Is this the plain float32 pass (rounded_to("float32")) of a call _plain_float32
+    computes: finite inputs, no sink, bias or softcap?"""
+    return (reference._ROUNDING.get() == "float32" and sink is None and bias is None
+            and params.get("softcap") is None and params["finite"])
+
+
+def _plain_float32(q, k, v, keep, scale):
+    """reference.py's plain computation under rounded_to("float32"), in float32 arithmetic
+    itself: a float64 product, sum or quotient rounded to float32 is float32's own
+    (exp, log and the scale's product within an ulp), so the steps are the reference's:
+    the float32 products q k^T and p v, each logit moved by one ulp of |s| + |q| |k|^T
+    with the signs of reference._one_rounding_off, the max, exp, float32 sum and
+    division, the lse. k and v come in float32 (converted once a call). None where a row
+    has no allowed key (the reference's own path)."""
+    q = q.astype(np.float32)
+    kt = np.swapaxes(k, -1, -2)
+    s = q @ kt
+    s *= np.float32(scale)
+    bound = np.abs(q) @ np.abs(kt)
+    bound *= np.float32(abs(scale))
+    bound += np.abs(s)
+    signs = np.random.RandomState(0).randint(0, 2, size=s.shape) * 2.0 - 1.0
+    bound *= signs.astype(np.float32)
+    s += np.float32(2.0 * reference.UNIT_ROUNDOFF["float32"]) * bound
+    s = np.where(keep, s, np.float32(-np.inf))
+    top = np.max(s, axis=-1, keepdims=True)
+    if not np.all(np.isfinite(top)):
+        return None
+    s -= top
+    np.exp(s, out=s)
+    total = np.sum(s, axis=-1, keepdims=True, dtype=np.float32)
+    s /= total
+    lse = top + np.log(total)
+    return (s @ v).astype(np.float64), lse[..., 0].astype(np.float64)
 
 
 def _direct(s, keep, v):
@@ -150,16 +196,21 @@ def sdpa_rows(q, k, v, *, rows=None, mask=None, bias=None, sink=None, causal=Non
     None: every row): out (..., len(rows), Dv), lse (..., len(rows)). None of
     UNBLOCKED_PARAMS (reference.sdpa takes those)."""
     started = time.perf_counter()
-    q, k, v, bias, scale, shape = reference._prepare(q, k, v, mask, bias, scale)
+    reference._prepare(q[..., :1, :], k[..., :1, :], v[..., :1, :], None, None, scale)  # shapes
+    q, k, v, bias = (reference._f64(x) for x in (q, k, v, bias))
+    scale = reference.default_scale(q.shape[-1]) if scale is None else scale
     mask = None if mask is None else np.asarray(mask, dtype=bool)
     policy = reference._policies(policies)
-    lq, lk = shape[-2], shape[-1]
+    lq, lk = q.shape[-2], k.shape[-2]
+    q, k, v, mask, bias, sink, query_heads = _grouped(q, k, v, mask, bias, sink)
     rows = np.arange(lq) if rows is None else np.asarray(rows, dtype=np.int64)
-    lead = np.broadcast_shapes(shape[:-1] + (1,), v.shape[:-2] + (1, 1))[:-2]
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     out = np.zeros(lead + (len(rows), v.shape[-1]))
     lse = np.full(lead + (len(rows),), -np.inf)
     params = {"causal": causal, "window": window, "scale": scale, "softcap": softcap,
               "finite": _finite(q, k, v, bias)}
+    if _float32_plain(sink, bias, params):
+        params["float32"] = (k.astype(np.float32), v.astype(np.float32))
     heads = int(np.prod(lead, dtype=np.int64))
     groups = row_groups(rows, lq, lk, causal, window, heads)
     starts = np.cumsum([0] + [len(g[0]) for g in groups])     # groups partition rows, in order
@@ -178,12 +229,40 @@ def sdpa_rows(q, k, v, *, rows=None, mask=None, bias=None, sink=None, causal=Non
     with ThreadPoolExecutor(workers()) as pool:
         contexts = [contextvars.copy_context() for _ in groups]
         scores = sum(pool.map(lambda n: contexts[n].run(run, n), range(len(groups))))
-    STATS["scores"] += int(scores)
     # the matrix products: q k^T and p v; rounded, also |q| |k|^T (reference._logits)
     rounded = reference._ROUNDING.get() is not None
-    STATS["flops"] += int(scores) * 2 * (q.shape[-1] * (2 if rounded else 1) + v.shape[-1])
-    STATS["seconds"] += time.perf_counter() - started
-    return out, lse
+    counts = STATS["plain" if rounded else "exact"]
+    counts["scores"] += int(scores)
+    counts["flops"] += int(scores) * 2 * (q.shape[-1] * (2 if rounded else 1) + v.shape[-1])
+    counts["seconds"] += time.perf_counter() - started
+    if query_heads is None:
+        return out, lse
+    heads = lead[:-2] + (query_heads,)
+    return out.reshape(heads + out.shape[-2:]), lse.reshape(heads + lse.shape[-1:])
+
+
+def _grouped(q, k, v, mask, bias, sink):
+    """Grouped-query heads folded without copying a key (reference.py repeats them): q as
+    (..., Hkv, G, Lq, D), k and v as (..., Hkv, 1, Lk, D), a mask or bias with Hq heads as
+    (..., Hkv, G, ., .) and one with a head of 1 as (..., 1, 1, ., .), a sink as
+    (..., Hkv, G); and Hq, to unfold the outputs (None where nothing is grouped)."""
+    if q.ndim < 3 or k.ndim < 3 or q.shape[-3] == k.shape[-3] or k.shape[-3] == 1:
+        return q, k, v, mask, bias, sink, None
+    hq, hkv = q.shape[-3], k.shape[-3]
+    group = hq // hkv
+
+    def heads(x):
+        if x is None or x.ndim < 3:
+            return x
+        if x.shape[-3] == hq:
+            return x.reshape(x.shape[:-3] + (hkv, group) + x.shape[-2:])
+        return x[..., None, :, :]
+    if sink is not None:
+        sink = reference._f64(sink)
+        sink = sink.reshape(sink.shape[:-1] + (hkv, group)) if sink.shape[-1] == hq \
+            else sink[..., None]
+    return (q.reshape(q.shape[:-3] + (hkv, group) + q.shape[-2:]), k[..., None, :, :],
+            v[..., None, :, :], heads(mask), heads(bias), sink, hq)
 
 
 def _finite(q, k, v, bias) -> bool:

@@ -51,13 +51,16 @@ def too_large(case) -> str | None:
 
 def generated_inputs(case, variant) -> dict[str, np.ndarray]:
     """The case's float64 inputs, generated once per variant (read-only, shared by
-    dtypes); Unsupported, before anything is made, on a machine too small for the case."""
+    dtypes; a scale case's are not kept); Unsupported, before anything is made, on a
+    machine too small for the case."""
     key = (repr(case.inputs), repr(variant.dims))
     if key not in _GENERATED:
         reason = too_large(case)
         if reason:
             raise Unsupported(reason)
         arrays = build_inputs(case.inputs, variant.dims)
+        if case.profile == "scale":         # rounded_inputs keeps its test's rounded ones
+            return arrays
         size = sum(a.nbytes for a in arrays.values())
         kept = sum(a.nbytes for entry in _GENERATED.values() for a in entry.values())
         if len(_GENERATED) >= 256 or kept + size > KEPT_BYTES:
@@ -68,10 +71,24 @@ def generated_inputs(case, variant) -> dict[str, np.ndarray]:
     return _GENERATED[key]
 
 
+_ROUNDED: dict = {}
+
+
 def rounded_inputs(case, variant, dtype) -> dict[str, np.ndarray]:
-    """The case's inputs as the backend sees them, in float64 (bool masks unchanged)."""
+    """The case's inputs as the backend sees them, in float64 (bool masks unchanged). A
+    scale case's are made once for its test and shared, read-only, by the test's inputs
+    and its golden (the last test's alone are kept: a million keys are 1 GB a copy)."""
+    key = (repr(case.inputs), repr(variant.dims), dtype) if case.profile == "scale" else None
+    if key in _ROUNDED:
+        return dict(_ROUNDED[key])
     arrays = generated_inputs(case, variant)
-    return {n: a.copy() if a.dtype == bool else round_to(a, dtype) for n, a in arrays.items()}
+    rounded = {n: a.copy() if a.dtype == bool else round_to(a, dtype) for n, a in arrays.items()}
+    if key is not None:
+        _ROUNDED.clear()
+        for array in rounded.values():
+            array.setflags(write=False)
+        _ROUNDED[key] = rounded
+    return dict(rounded)
 
 
 def golden_entries(case):

@@ -23,7 +23,7 @@ import numpy as np
 #: rows of the seeded random sample
 RANDOM_ROWS = 32
 #: a case of at most this many query rows is checked at every row
-EVERY_ROW_UP_TO = 64
+EVERY_ROW_UP_TO = 16
 #: tile sizes whose boundaries are checked
 TILES = (64, 128)
 #: the first power of two whose boundary is checked

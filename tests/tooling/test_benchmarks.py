@@ -226,3 +226,37 @@ def test_each_checked_in_results_page_is_its_json_rendered():
 def test_the_figures_on_the_docs_page_are_the_results_files():
     page = render.DOCS.read_text(encoding="utf-8")
     assert render.figures_table(render.records()) in page
+
+
+def test_the_scale_page_gives_the_wall_the_memory_and_the_goldens_share():
+    tests = {"scale/a[float32]": {"status": "pass", "seconds": 30.0, "why": ""},
+             "scale/b[float16]": {"status": "unsupported", "seconds": 0.1,
+                                  "why": "unsupported by size: case b needs 64 GB"}}
+    run = {"wall": 600.0, "peak_memory_gb": 3.2, "rc": 0, "load_average": [1.0, 1.0, 1.0],
+           "tests": tests, "tail": ""}
+    reference = {"seconds": 60.0, "share": 0.1, "exact_gflops": 4.0, "plain_gflops": 2.0,
+                 "long_profile_gflops": 5.0, "matmul_gflops": [10.0, 12.0], "threads": 2,
+                 "tests": {"scale/a[float32]": {"seconds": 6.0}}}
+    page = render.page(record("scale", {"reference_backend": "numpy", "backends": {"numpy": run},
+                                        "reference": reference}))
+    assert ("**numpy --profile scale: 600 s wall, peak 3.2 GB (1 pass, 1 unsupported); golden "
+            "10% of it; float64 reference 5.0 GFLOP/s on the long cases, float64 matmul 12.0 "
+            "GFLOP/s (x2.4)**") in page
+    assert "| `scale/a[float32]` | pass | 30.0 | 6.0 |  |" in page
+    assert "| `scale/b[float16]` | unsupported | 0.1 | – | unsupported by size: case b" in page
+
+
+def test_the_scale_benchmark_sums_the_memory_of_a_whole_process_tree():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import scale
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(60_000_000); "
+                              "b[::4096] = b'x' * len(b[::4096]); time.sleep(5)"])
+    try:
+        time.sleep(1.5)
+        assert scale.tree_rss(os.getpid()) > scale.tree_rss(child.pid) > 60_000_000
+    finally:
+        child.kill()
+        child.wait()
