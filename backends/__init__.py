@@ -20,4 +20,6 @@ BUILTIN = {
     "jax-ring": "attention_conformance.backends.jax_ring:JaxRingBackend",
     "transformers-sdpa": "attention_conformance.backends.transformers:TransformersSdpaBackend",
     "transformers-eager": "attention_conformance.backends.transformers:TransformersEagerBackend",
+    "keras-torch": "attention_conformance.backends.keras:KerasTorchBackend",
+    "keras-tensorflow": "attention_conformance.backends.keras:KerasTensorflowBackend",
 }

@@ -229,6 +229,8 @@ class JaxBackend:
         self.versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
                          "device": f"{self.device.platform}:{self.device.id} "
                                    f"({self.device.device_kind})"}
+        # checked bit for bit on the CPU by the invariance cases (docs/interface.md)
+        self.invariants = ("deterministic",) if self.device.platform == "cpu" else ()
 
     def _running(self):
         """The context every op runs in: JAX's arrays and programs on the device."""

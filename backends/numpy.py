@@ -290,6 +290,8 @@ class NumpyBackend:
 
     name = "numpy"
     dtypes = frozenset({"float64", "float32", "float16", "bfloat16"})
+    # checked bit for bit by the invariance cases (docs/interface.md, "Declared invariants")
+    invariants = ("deterministic", "batch_invariant", "split_invariant")
 
     def __init__(self):
         self.versions = {"numpy": np.__version__}

@@ -39,6 +39,8 @@ class OnnxReferenceBackend(OnnxAttention):
     """The attention interface on onnx's reference evaluator."""
 
     name = "onnx-reference"
+    # checked bit for bit by the invariance cases (docs/interface.md, "Declared invariants")
+    invariants = ("deterministic", "batch_invariant", "split_invariant")
     opset = attention_opset()
     native_window = opset >= 25
     policy = {

@@ -47,6 +47,8 @@ class OnnxruntimeBackend(OnnxAttention):
     """The attention interface on onnxruntime's CPU execution provider."""
 
     name = "onnxruntime"
+    # checked bit for bit by the invariance cases (docs/interface.md, "Declared invariants")
+    invariants = ("deterministic", "batch_invariant", "split_invariant")
     opset = 24
     native_window = False
     policy = {

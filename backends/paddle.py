@@ -216,6 +216,8 @@ class PaddleBackend:
     """The attention interface on PaddlePaddle (CPU)."""
 
     name = "paddle"
+    # checked bit for bit by the invariance cases (docs/interface.md, "Declared invariants")
+    invariants = ("deterministic", "batch_invariant")
     policy = {
         "fully_masked_rows": "nan",
         "neg_inf_bias_rows": "nan",

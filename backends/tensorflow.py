@@ -141,6 +141,8 @@ class TensorflowBackend:
     """The attention interface on TensorFlow 2 with Keras 3 (TensorFlow backend)."""
 
     name = "tensorflow"
+    # checked bit for bit by the invariance cases (docs/interface.md, "Declared invariants")
+    invariants = ("deterministic", "batch_invariant")
     dtypes = frozenset(_DTYPES)
     policy = {
         # keras.ops.dot_product_attention writes -0.7*float32max (not -inf) into

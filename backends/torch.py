@@ -302,6 +302,9 @@ class TorchBackend:
     #: True for kernels that exist only on CUDA (their default device is then cuda)
     cuda_only = False
 
+    #: the bitwise invariants it declares on the CPU (none on CUDA, where none is checked)
+    cpu_invariants = ("deterministic",)
+
     def __init__(self, device=None):
         # per-instance copies, so that one instance's edits never leak into another
         self.versions = dict(self.versions)
@@ -310,6 +313,8 @@ class TorchBackend:
         self.paths = dict(self.paths)
         self.device = _device(self.name, device, self.cuda_only)
         self.versions["device"] = _device_label(self.device)
+        # checked bit for bit on the CPU by the invariance cases (docs/interface.md)
+        self.invariants = self.cpu_invariants if self.device.type == "cpu" else ()
 
     #: the sdpa path on tensors (a subclass may adapt the layout around it)
     _attend = staticmethod(_attend)

@@ -169,6 +169,7 @@ class TorchFlexBackend(TorchBackend):
     name = "torch-flex"
     compiled = False
     mha_module = False
+    cpu_invariants = ("deterministic", "batch_invariant")
 
     def _lse_path(self, sink):
         """flex's own lse; a sink folded in around it: lse' = logaddexp(lse, sink) and
@@ -303,3 +304,4 @@ class TorchFlexCompiledBackend(TorchFlexBackend):
 
     name = "torch-flex-compiled"
     compiled = True
+    cpu_invariants = ()       # the fused kernel's bits are not checked here

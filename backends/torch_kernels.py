@@ -153,6 +153,8 @@ class TorchMathBackend(_KernelBackend):
     """torch's math kernel: SDPA written in ATen ops (the reference path; CPU and CUDA)."""
 
     name = "torch-math"
+    #: the math kernel is also batch-invariant on the CPU (TorchBackend: CPU only)
+    cpu_invariants = ("deterministic", "batch_invariant")
     kernel = SDPBackend.MATH
     label = "math"
 
@@ -162,6 +164,8 @@ class TorchFlashBackend(_KernelBackend):
     CUDA)."""
 
     name = "torch-flash"
+    #: not batch-invariant: its float32 decode over 200 keys changes bits with the batch
+    cpu_invariants = ("deterministic", "split_invariant")
     kernel = SDPBackend.FLASH_ATTENTION
     label = "flash"
     #: with is_causal the kernel skips the key blocks a query cannot see, so a NaN in a

@@ -1,5 +1,6 @@
 """What a backend declares: name, dtypes, policy (and optionally op_policy, policy_when,
-dtype_notes, versions, paths, expected_failures_file, distributed), and the ops it implements.
+dtype_notes, invariants, versions, paths, expected_failures_file, distributed), and the
+ops it implements.
 
 The interface is structural: an adapter never has to import the suite. The ops it
 implements are those of model/ops.py; docs/interface.md is the contract in words. A
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..model.dtypes import DTYPES
+from ..model.invariants import invariants_problems
 from ..model.ops import OPS
 from ..model.policies import POLICIES, condition_holds, condition_problem
 from ..model.sharding import FORMS
@@ -40,10 +42,12 @@ class Declaration:
     #: ({"when": {condition: value}, "policy": {policy: choice}}, ...): first match wins
     policy_when: tuple = ()
     dtype_notes: dict = field(default_factory=dict)     # dtype left out -> why
+    invariants: tuple = ()                              # declared bitwise invariants
     distributed: str = ""                               # its distributed form, if any
 
     def as_dict(self) -> dict:
         return {**asdict(self), "dtypes": sorted(self.dtypes), "ops": list(self.ops),
+                "invariants": list(self.invariants),
                 "policy_when": [dict(rule) for rule in self.policy_when]}
 
     @classmethod
@@ -53,7 +57,7 @@ class Declaration:
         if not isinstance(data, dict) or set(data) != set(cls.__dataclass_fields__):
             raise ValueError(f"not a declaration: {str(data)[:200]}")
         text = {k: data[k] for k in ("name", "module", "expected_failures_file", "distributed")}
-        names = {"dtypes": data["dtypes"], "ops": data["ops"]}
+        names = {"dtypes": data["dtypes"], "ops": data["ops"], "invariants": data["invariants"]}
         tables = {k: data[k] for k in ("policy", "versions", "paths", "dtype_notes")}
         if not all(isinstance(v, str) for v in text.values()) \
                 or not all(isinstance(v, list) and all(isinstance(x, str) for x in v)
@@ -61,10 +65,12 @@ class Declaration:
                 or not all(_str_table(v) for v in tables.values()) \
                 or not isinstance(data["op_policy"], dict) \
                 or not all(isinstance(op, str) and _str_table(c) for op, c in data["op_policy"].items()) \
-                or _policy_when_problems(data["policy_when"]):
+                or _policy_when_problems(data["policy_when"]) \
+                or invariants_problems(data["invariants"]):
             raise ValueError(f"not a declaration: {str(data)[:200]}")
         return cls(**text, **tables, dtypes=frozenset(names["dtypes"]), ops=tuple(names["ops"]),
-                   op_policy=data["op_policy"], policy_when=tuple(data["policy_when"]))
+                   op_policy=data["op_policy"], policy_when=tuple(data["policy_when"]),
+                   invariants=tuple(names["invariants"]))
 
 
 def _str_table(value) -> bool:
@@ -92,6 +98,7 @@ def declare(adapter: Any) -> Declaration:
         policy_when=tuple({"when": dict(rule["when"]), "policy": table(rule["policy"])}
                           for rule in plain("policy_when", list)),
         dtype_notes=table(plain("dtype_notes", dict)),
+        invariants=tuple(sorted(str(name) for name in plain("invariants", tuple))),
         distributed=str(plain("distributed", str)),
         module=type(adapter).__module__,
         expected_failures_file=str(own_file) if isinstance(own_file, str) or
@@ -159,6 +166,8 @@ def declaration_problems(adapter: Any) -> list[str]:
         problems += _policy_when_problems(getattr(adapter, "policy_when", None))
     if really_has(adapter, "dtype_notes"):
         problems += _dtype_notes_problems(getattr(adapter, "dtype_notes", None), dtypes)
+    if really_has(adapter, "invariants"):
+        problems += invariants_problems(getattr(adapter, "invariants", None))
     if really_has(adapter, "distributed") and getattr(adapter, "distributed", None) not in FORMS:
         problems.append(f"distributed must be one of {', '.join(FORMS)}, not "
                         f"{getattr(adapter, 'distributed', None)!r}")
@@ -219,4 +228,5 @@ def describe(declaration: Declaration) -> dict[str, Any]:
             **({"policy_when": [dict(rule) for rule in declaration.policy_when]}
                if declaration.policy_when else {}),
             **({"dtype_notes": dict(declaration.dtype_notes)} if declaration.dtype_notes else {}),
+            **({"invariants": list(declaration.invariants)} if declaration.invariants else {}),
             **({"distributed": declaration.distributed} if declaration.distributed else {})}

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..golden import reference
 from ..golden.compute import ACCUMULATION_DTYPES, longest_reduction
+from . import invariance
 from .comparison import digits
 from .context import Context
 from ..model.ops import OPS
@@ -305,3 +306,8 @@ def split_kv_merge(ctx: Context, split: int | None = None):
     magnitude = float(np.max(np.abs(out), initial=1.0)) * max(1.0, size)
     _close(got_out, out, _tol(ctx, magnitude),
            f"output of keys [0, {m}) and [{m}, {lk}) merged vs output of all keys")
+
+
+# the declared bitwise invariants (checking/invariance.py): checked exactly, never demanded
+for _check in (invariance.deterministic, invariance.batch_invariant, invariance.split_invariant):
+    prop(calls_backend=True)(_check)

@@ -19,6 +19,7 @@ from ..golden.compute import rounded_inputs
 from ..model.errors import BackendCrashed, BackendRaised, CaseTimeout, CheckFailure, Unsupported
 from ..model.case import timeout_factor
 from ..model.text import printable
+from . import invariance
 from .context import Context
 from .expectations import Result, check_case
 
@@ -51,6 +52,9 @@ def run_case(caller, case, variant, dtype, golden, prepared=None, called=None) -
     if dtype not in caller.declaration.dtypes:
         why = caller.declaration.dtype_notes.get(dtype)
         raise Unsupported(f"backend does not declare dtype {dtype}" + (f": {why}" if why else ""))
+    undeclared = invariance.undeclared(case, caller.declaration)
+    if undeclared:
+        raise Unsupported(undeclared)
     exact_inputs, arrays = prepared or case_inputs(case, variant, dtype)
     raw = caller.call(case.op, arrays, case.params)
     if called is not None:

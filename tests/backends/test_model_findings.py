@@ -1,6 +1,6 @@
-"""Each finding listed for Hugging Face transformers' attention functions in
-backends/expected_failures/ (and each call-path behaviour their adapters declare with
-policy_when or dtype_notes) reproduced directly with the library,
+"""Each finding listed for Hugging Face transformers' attention functions and Keras 3's
+dot_product_attention in backends/expected_failures/ (and each call-path behaviour their
+adapters declare with policy_when or dtype_notes) reproduced directly with the library,
 not through the adapters, and compared with a float64 NumPy computation.
 
 Every test asserts that the difference exists: when a library changes, its test fails
@@ -182,4 +182,152 @@ def test_eager_float16_overflowing_masked_score_is_nan(hf):
                       _eager_mask(hf, allowed, torch.float16), scaling=1.0)
     assert np.isnan(_out(out)).all()
     assert np.isfinite(attend64(q, k, v, allowed=allowed, scale=1.0)[0]).all()
+
+
+# ===================================================================== Keras 3 on torch
+
+
+@pytest.fixture(scope="module")
+def keras_torch():
+    """keras.ops on the torch backend, or skip (Keras's backend is chosen once a process:
+    a process whose Keras runs on another one skips too)."""
+    import os
+    import sys
+
+    pytest.importorskip("torch")
+    if "keras" not in sys.modules:
+        os.environ["KERAS_BACKEND"] = "torch"
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "torch":
+        pytest.skip(f"Keras runs on {keras.backend.backend()} in this process")
+    return keras.ops
+
+
+def _bthd(*arrays, dtype):
+    """(B, H, L, D) float64 arrays as Keras's (B, L, H, D) of dtype."""
+    return [np.ascontiguousarray(np.swapaxes(a, 1, 2)).astype(dtype) for a in arrays]
+
+
+def test_keras_torch_computes_float64_in_float32(keras_torch):
+    q, k, v = _qkv(401, lq=3, lk=5)
+    out = keras_torch.convert_to_numpy(keras_torch.dot_product_attention(
+        *_bthd(q, k, v, dtype=np.float64)))
+    assert out.dtype == np.float32
+    assert 1e-9 < rel_err(np.swapaxes(out, 1, 2), attend64(q, k, v)[0]) < 1e-5
+
+
+def test_keras_torch_float16_row_without_keys_attends_as_if_unmasked(keras_torch):
+    """The mask's fill, -0.7 * 65500, is added to the scores in float32 inside torch's
+    SDPA: a row whose every key is masked keeps its scores' differences."""
+    q, k, v = _qkv(402, lq=2, lk=4, d=4, dv=4)
+    allowed = np.ones((1, 1, 2, 4), dtype=bool)
+    allowed[..., 0, :] = False
+    out = keras_torch.convert_to_numpy(keras_torch.dot_product_attention(
+        *_bthd(q, k, v, dtype=np.float16), mask=allowed))
+    unmasked, _ = attend64(q, k, v)
+    assert np.allclose(np.swapaxes(out, 1, 2)[:, :, 0], unmasked[:, :, 0], atol=5e-3)
+    assert not np.allclose(unmasked[:, :, 0], v.mean(axis=-2), atol=0.05)    # not uniform
+
+
+def test_keras_torch_uniform_row_has_a_score_gradient(keras_torch):
+    """The uniform row comes from equal finite logits, so its dq is not 0; torch's CPU
+    flash kernel (4-D, Dk == Dv) even recomputes its weights as exp(s - lse) = 1, since
+    lse = fill + log(Lk) rounds to the fill: dS = dP - rowsum(dO * O), Lk times the
+    softmax's own gradient."""
+    import torch
+
+    q, k, v = _qkv(403, lq=2, lk=3, d=4, dv=4)
+    allowed = np.ones((1, 1, 2, 3), dtype=bool)
+    allowed[..., 0, :] = False
+    leaves = [torch.tensor(a).requires_grad_() for a in _bthd(q, k, v, dtype=np.float32)]
+    out = keras_torch.dot_product_attention(*leaves, mask=allowed, scale=1.0)
+    assert np.allclose(out[:, 0].detach().numpy(), v.mean(axis=-2), atol=1e-6)  # uniform
+    d_out = np.random.RandomState(2).randn(*out.shape).astype(np.float32)
+    dq = torch.autograd.grad(out, leaves[0], torch.tensor(d_out))[0].numpy()
+    dp = d_out[:, 0][..., None, :] @ np.swapaxes(v, -1, -2)          # dO V^T: (B, H, 1, Lk)
+    assert rel_err(dq[:, 0], ((dp - dp.mean(axis=-1, keepdims=True)) @ k)[:, :, 0]) < 1e-5
+    assert np.abs(dq[:, 0]).max() > 0.1                               # 0 is due
+
+
+def test_keras_torch_bias_with_is_causal_is_refused(keras_torch):
+    q, k, v = _qkv(404, lq=3, lk=3, dv=4)             # Dv != Dk: not the flash kernel
+    bias = np.zeros((1, 1, 3, 3), dtype=np.float32)
+    with pytest.raises(RuntimeError, match="Explicit attn_mask should not be set when "
+                                           "is_causal=True"):
+        keras_torch.dot_product_attention(*_bthd(q, k, v, dtype=np.float32), bias=bias,
+                                          is_causal=True)
+    assert np.isfinite(attend64(q, k, v, allowed=_tril(3, 3), bias=bias)[0]).all()
+
+
+# ===================================================================== Keras 3 on TensorFlow
+
+
+def _keras_in(backend: str, code: str, **arrays):
+    """Run `code` with Keras on `backend` in a process of its own (Keras's backend is
+    chosen once a process), `arrays` given as NumPy arrays of those names and `ops` as
+    keras.ops; it sets `result` (a dict of arrays or strings), which comes back."""
+    import importlib.util
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    for module in ("keras", backend):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed")
+    script = ("import pickle, sys\nimport numpy as np\nfrom keras import ops\n"
+              "globals().update(pickle.loads(sys.stdin.buffer.read()))\n" + code +
+              "\nsys.stdout.buffer.write(pickle.dumps(result))\n")
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(arrays), env=env,
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return pickle.loads(done.stdout)
+
+
+def test_keras_tensorflow_default_scale_is_computed_in_float32():
+    q, k, v = _qkv(501, lq=3, lk=5, d=6, dv=6)                     # sqrt(6): not exact
+    got = _keras_in("tensorflow", """
+result = {s: ops.convert_to_numpy(ops.dot_product_attention(q, k, v, scale=scale))
+          for s, scale in (("default", None), ("given", 1 / np.sqrt(6)))}
+""", q=_bthd(q, dtype=np.float64)[0], k=_bthd(k, dtype=np.float64)[0],
+        v=_bthd(v, dtype=np.float64)[0])
+    want, _ = attend64(q, k, v)
+    assert got["default"].dtype == np.float64
+    assert rel_err(np.swapaxes(got["given"], 1, 2), want) < 1e-13
+    assert 1e-9 < rel_err(np.swapaxes(got["default"], 1, 2), want) < 1e-6
+    root = np.float64(1 / np.sqrt(np.float32(6)))                   # the float32 scale
+    assert rel_err(np.swapaxes(got["default"], 1, 2), attend64(q, k, v, scale=root)[0]) < 1e-13
+
+
+def test_keras_tensorflow_multi_query_attention_fails():
+    """One key/value head for two query heads: documented (MQA, K == 1), refused by the
+    einsum; float64 NumPy gives every query head the same key head."""
+    r = np.random.RandomState(502)
+    q, k, v = r.randn(1, 2, 3, 4), r.randn(1, 1, 5, 4), r.randn(1, 1, 5, 4)
+    got = _keras_in("tensorflow", """
+try:
+    ops.dot_product_attention(q, k, v)
+    result = {"error": ""}
+except Exception as e:
+    result = {"error": str(e)}
+""", q=_bthd(q, dtype=np.float32)[0], k=_bthd(k, dtype=np.float32)[0],
+        v=_bthd(v, dtype=np.float32)[0])
+    assert "Expected dimension" in got["error"]
+    assert np.isfinite(attend64(q, k, v)[0]).all()
+
+
+def test_keras_tensorflow_neg_inf_bias_on_every_allowed_key_lets_masked_keys_win():
+    q, k, v = _qkv(503, lq=2, lk=4)
+    allowed = np.ones((1, 1, 2, 4), dtype=bool)
+    allowed[..., 0, 2:] = False
+    bias = np.zeros((1, 1, 2, 4))
+    bias[..., 0, :2] = -np.inf                                     # query 0's allowed keys
+    got = _keras_in("tensorflow", """
+result = {"out": ops.convert_to_numpy(ops.dot_product_attention(q, k, v, bias=bias,
+                                                                mask=mask))}
+""", q=_bthd(q, dtype=np.float32)[0], k=_bthd(k, dtype=np.float32)[0],
+        v=_bthd(v, dtype=np.float32)[0], bias=bias.astype(np.float32), mask=allowed)
+    out = np.swapaxes(got["out"], 1, 2)
+    assert np.allclose(out[:, :, 0], v[..., 2:, :].mean(axis=-2), atol=1e-6)
 

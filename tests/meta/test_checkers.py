@@ -77,6 +77,17 @@ cases:
     expect:
       golden: true
       properties: [permutation_equivariant, output_in_value_hull, finite]
+  - id: meta-invariance
+    description: a batch of two, to check the declared bitwise invariants
+    source: tests/meta/test_checkers.py
+    op: sdpa
+    inputs:
+      q: {normal: {shape: [2, 2, 6, 4], seed: 41}}
+      k: {normal: {shape: [2, 2, 5, 4], seed: 42}}
+      v: {normal: {shape: [2, 2, 5, 4], seed: 43}}
+    params: {causal: bottom_right}
+    dtypes: [float32]
+    expect: {properties: [deterministic, batch_invariant, {split_invariant: {split: 3}}]}
   - id: meta-sdpa-causal
     description: causal sdpa, square
     source: tests/meta/test_checkers.py
@@ -369,6 +380,41 @@ class LseZeroWhenEmpty(NumpyBackend):
         return out, np.where(np.isneginf(lse), 0.0, lse).astype(lse.dtype)
 
 
+def _one_ulp_up(out, times=1):
+    """out with its first element moved up by `times` units in the last place."""
+    for _ in range(times):
+        out.flat[0] = np.nextafter(out.flat[0], np.inf)
+    return out
+
+
+class Nondeterministic(NumpyBackend):
+    """Declares deterministic, yet each sdpa call moves its first output one ulp further."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def sdpa(self, q, k, v, **kw):
+        self.calls += 1
+        return _one_ulp_up(super().sdpa(q, k, v, **kw), self.calls)
+
+
+class BatchDependent(NumpyBackend):
+    """Declares batch_invariant, yet sdpa of a batch of more than one differs by one ulp."""
+
+    def sdpa(self, q, k, v, **kw):
+        out = super().sdpa(q, k, v, **kw)
+        return _one_ulp_up(out) if np.shape(q)[0] > 1 else out
+
+
+class RowCountDependent(NumpyBackend):
+    """Declares split_invariant, yet sdpa of an odd number of queries differs by one ulp."""
+
+    def sdpa(self, q, k, v, **kw):
+        out = super().sdpa(q, k, v, **kw)
+        return _one_ulp_up(out) if np.shape(q)[-2] % 2 else out
+
+
 # --- runs and scenarios -----------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -546,6 +592,24 @@ SCENARIOS = {
         Run("meta-sdpa-lse"), Run("meta-sdpa-lse", backend=LseZeroWhenEmpty(), own=True),
         ("property split_kv_merge: lse of keys [0, 3) and [3, 6) merged vs lse of all keys:"
          " differs by",)),
+    "deterministic": Scenario(
+        "property:deterministic", prop("deterministic"),
+        Run("meta-invariance", "float32", own=True),
+        Run("meta-invariance", "float32", backend=Nondeterministic(), own=True),
+        ("property deterministic: out of the same call again:", "not the same bits as",
+         "(1 of 96 elements differ)")),
+    "batch_invariant": Scenario(
+        "property:batch_invariant", prop("batch_invariant"),
+        Run("meta-invariance", "float32", own=True),
+        Run("meta-invariance", "float32", backend=BatchDependent(), own=True),
+        ("property batch_invariant: out of batch element 0 run alone:",
+         "not the same bits as")),
+    "split_invariant": Scenario(
+        "property:split_invariant", prop("split_invariant"),
+        Run("meta-invariance", "float32", own=True),
+        Run("meta-invariance", "float32", backend=RowCountDependent(), own=True),
+        ("property split_invariant: out of the queries [0, 3) and [3, 6) in two calls:",
+         "not the same bits as")),
     # --- statistics -----------------------------------------------------------------
     "std": Scenario(
         "statistic:std", stat("std"),

@@ -1,0 +1,226 @@
+"""Keras 3's attention as backends, one per Keras backend: keras-torch and
+keras-tensorflow (keras-jax is not built in: jax.nn.dot_product_attention eager compiles
+each primitive per shape, hours for the quick spec on two cores, and jitted, float16 fails
+to compile on the CPU, past the fallback Keras takes eagerly).
+
+Keras picks its backend from ``KERAS_BACKEND`` when it is first imported, once per
+process: each of these backends sets it and imports Keras when it is built (the suite
+builds a backend in a process of its own), and refuses to be built in a process whose
+Keras already runs on another backend.
+
+- ``sdpa``: ``keras.ops.dot_product_attention`` on the ``(B, T, N, H)`` layout it takes
+  (4-D only: batch dims flattened into B, heads moved after the tokens, and back).
+  Grouped-query heads go as they are (its K < N); top-left causal is its ``is_causal``
+  (a mask may come with it), bottom-right causal (where it differs), windows and per-batch
+  lengths are a boolean ``mask`` (``rules``); a bias is its ``bias``. It has no softcap
+  (``attn_logits_soft_cap`` is for JAX on TPU alone) and no sink: unsupported.
+- ``attention_weights``: the same call with ``V = identity(Lk)``.
+- ``sdpa_vjp``: the Keras backend's own gradient of that call (``torch.autograd.grad``,
+  ``tf.GradientTape``): Keras 3 has no backend-neutral gradient. The batch dims are
+  folded on the NumPy side, so the gradients of broadcast inputs are summed back there.
+
+Other ops are no attention function of Keras here: unsupported.
+
+float64: Keras's ``result_type`` maps 64-bit floats to 32-bit on torch, so
+``dot_product_attention`` computes float64 inputs in float32 there: keras-torch leaves
+float64 out (``dtype_notes``). On TensorFlow float64 stays float64 (its default scale is
+computed in float32: an expected failure).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import numpy as np
+
+from . import rules
+
+_NO_SOFTCAP = ("{name}: keras.ops.dot_product_attention has no softcap on the CPU "
+               "(attn_logits_soft_cap is for JAX on TPU alone)")
+_ALL_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+
+
+def _import_keras(backend: str):
+    """keras, imported with KERAS_BACKEND=backend; a process whose Keras already runs on
+    another backend cannot switch it."""
+    loaded = sys.modules.get("keras")
+    if loaded is None:
+        os.environ["KERAS_BACKEND"] = backend
+    keras = importlib.import_module("keras")
+    if keras.backend.backend() != backend:
+        raise RuntimeError(f"keras-{backend}: Keras is already imported with the "
+                           f"{keras.backend.backend()!r} backend in this process")
+    return keras
+
+
+class _KerasBackend:
+    """keras.ops.dot_product_attention on one Keras backend (``keras_backend``)."""
+
+    keras_backend: str
+    name: str
+    dtypes = _ALL_DTYPES
+    paths = {
+        "attention_weights": "native: keras.ops.dot_product_attention with V = identity(Lk)",
+        "sdpa": "native: keras.ops.dot_product_attention (is_causal for top-left causal; "
+                "boolean masks for bottom-right causal, windows and lengths)",
+        "sdpa_vjp": "native: the Keras backend's own gradient of "
+                    "keras.ops.dot_product_attention",
+    }
+
+    def __init__(self):
+        self.keras = _import_keras(self.keras_backend)
+        self.ops = self.keras.ops
+        self.framework = importlib.import_module(self.keras_backend)
+        self.versions = {"keras": self.keras.__version__, "device": "cpu",
+                         self.keras_backend: self.framework.__version__}
+        self.policy = dict(self.policy)
+        self.paths = dict(self.paths)
+
+    # ------------------------------------------------------------ the call
+
+    def _check(self, a, softcap, sink):
+        name = np.dtype(np.asarray(a).dtype).name
+        if name not in self.dtypes:
+            raise NotImplementedError(f"{self.name} does not support dtype {name}")
+        if softcap is not None:
+            raise NotImplementedError(_NO_SOFTCAP.format(name=self.name))
+        if sink is not None:
+            raise NotImplementedError(f"{self.name}: keras.ops.dot_product_attention has "
+                                      "no attention sink")
+
+    def _tensor(self, a):
+        return None if a is None else self.ops.convert_to_tensor(np.array(a, copy=True))
+
+    def _inputs(self, q, k, v, mask, bias, causal, window):
+        """(layout, q, k, v as Keras's (B, T, N, H) tensors, the call's keywords): the
+        folding is done on the NumPy arrays, so every Keras backend gets plain 4-D
+        tensors."""
+        layout = rules.Layout(q, k, v, mask, bias)
+        q, k, v = (self._tensor(np.swapaxes(x, 1, 2))
+                   for x in layout.fold(q, k, v, np.broadcast_to))
+        mask = layout.scores(mask, np.broadcast_to)
+        lq, lk = layout.lq, layout.lk
+        is_causal = window is None and (causal == "top_left" or (causal is not None
+                                                                 and lq == lk))
+        if not is_causal:
+            mask = rules.and_masks(mask, rules.allowed(lq, lk, causal, window))
+        return layout, (q, k, v), {"mask": self._tensor(mask), "is_causal": is_causal,
+                                   "bias": self._tensor(layout.scores(bias, np.broadcast_to))}
+
+    def _attend(self, q, k, v, *, scale, **keywords):
+        """keras.ops.dot_product_attention on (B, T, N, H) tensors."""
+        try:
+            return self.ops.dot_product_attention(
+                q, k, v, scale=None if scale is None else float(scale), **keywords)
+        except ValueError as e:
+            if "Only one of `bias` and `mask`" in str(e):
+                raise NotImplementedError(f"{self.name}: {e}") from None
+            raise
+
+    def _numpy(self, t):
+        return np.array(self.ops.convert_to_numpy(t), copy=True)
+
+    def _restore(self, layout, t):
+        """A (B, T, N, H) result as the interface's (*batch, N, T, H)."""
+        return layout.restore(np.swapaxes(self._numpy(t), 1, 2))
+
+    # ------------------------------------------------------------ the interface
+
+    @rules.lengths_as_mask
+    def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
+                          scale=None, softcap=None, window=None):
+        lk = k.shape[-2]
+        eye = np.broadcast_to(np.eye(lk, dtype=np.asarray(q).dtype), k.shape[:-2] + (lk, lk))
+        return self.sdpa(q, k, eye, mask=mask, bias=bias, sink=sink, causal=causal,
+                         scale=scale, softcap=softcap, window=window)
+
+    @rules.lengths_as_mask
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
+             softcap=None, window=None):
+        self._check(q, softcap, sink)
+        layout, qkv, keywords = self._inputs(q, k, v, mask, bias, causal, window)
+        return self._restore(layout, self._attend(*qkv, scale=scale, **keywords))
+
+    @rules.lengths_as_mask
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
+                 scale=None, softcap=None, window=None):
+        self._check(q, softcap, sink)
+        layout, qkv, keywords = self._inputs(q, k, v, mask, bias, causal, window)
+        d_out = np.asarray(d_out)
+        d_out = d_out.reshape((1,) * (3 - d_out.ndim) + d_out.shape)   # (..., H, Lq, Dv)
+        d_out = np.broadcast_to(d_out, layout.batch + d_out.shape[-3:])
+        d_out = self._tensor(np.swapaxes(d_out.reshape((layout.b,) + d_out.shape[-3:]), 1, 2))
+        grads = self._vjp(lambda *qkv: self._attend(*qkv, scale=scale, **keywords), qkv,
+                          d_out)
+        return tuple(_unbroadcast(self._restore(layout, g), np.shape(x))
+                     for g, x in zip(grads, (q, k, v)))
+
+
+def _unbroadcast(g, shape):
+    """A gradient of a broadcast input summed back to the input's shape (in float64,
+    then rounded once to its dtype)."""
+    wide = g.astype(np.float64)
+    wide = wide.sum(axis=tuple(range(wide.ndim - len(shape))))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and wide.shape[i] != 1)
+    return wide.sum(axis=axes, keepdims=True).astype(g.dtype)
+
+
+class KerasTorchBackend(_KerasBackend):
+    """Keras 3 on torch (KERAS_BACKEND=torch)."""
+
+    name = "keras-torch"
+    keras_backend = "torch"
+    dtypes = frozenset({"float32", "float16", "bfloat16"})
+    dtype_notes = {"float64": "Keras's result_type maps float64 to float32 on torch: "
+                              "dot_product_attention computes float64 inputs in float32"}
+    policy = {
+        # a boolean mask becomes a float mask of -0.7 * finfo.max (float16: -0.7 * 65500)
+        # given to torch's SDPA: a row without keys is uniform
+        "fully_masked_rows": "uniform",
+        "neg_inf_bias_rows": "zeros",          # a -inf bias goes to SDPA as it is
+        "masked_key_nan": "propagates",
+        "masked_value_nan": "propagates",
+        "accumulation": "float32",
+        "padded_query_rows": "zeros",
+    }
+    policy_when = [
+        # is_causal without a mask reaches SDPA as its flag, which takes the CPU flash
+        # kernel (Dk == Dv): it skips hidden key blocks, so a NaN there reaches some rows
+        {"when": {"causal": True, "mask": False, "window": False, "lengths": False},
+         "policy": {"masked_key_nan": "per_row"}},
+    ]
+
+    def _vjp(self, forward, leaves, d_out):
+        torch = self.framework
+        leaves = [t.detach().requires_grad_() for t in leaves]
+        return torch.autograd.grad(forward(*leaves), leaves, d_out)
+
+    def _numpy(self, t):
+        return super()._numpy(t.detach())
+
+
+class KerasTensorflowBackend(_KerasBackend):
+    """Keras 3 on TensorFlow (KERAS_BACKEND=tensorflow): Keras's own einsum and softmax."""
+
+    name = "keras-tensorflow"
+    keras_backend = "tensorflow"
+    policy = {
+        # masked logits get -0.7 * finfo.max, a finite fill
+        "fully_masked_rows": "uniform",
+        "neg_inf_bias_rows": "nan",
+        "masked_key_nan": "ignored",
+        "masked_value_nan": "propagates",
+        # tf.einsum sums float16 products in float16 on this CPU (as the tensorflow backend)
+        "accumulation": "input",
+        "padded_query_rows": "zeros",
+    }
+
+    def _vjp(self, forward, leaves, d_out):
+        tf = self.framework
+        with tf.GradientTape() as tape:
+            for t in leaves:
+                tape.watch(t)
+            out = forward(*leaves)
+        return tape.gradient(out, list(leaves), output_gradients=d_out)
