@@ -40,7 +40,9 @@ with no allowed key gets zero weights (and zero gradients), as SDPA gives.
 Known difference (torch 2.13 CPU, kept visible on purpose): with ``is_causal=True``
 (top-left causal alone, or bottom-right with Lq == Lk) and Dk == Dv, SDPA takes its
 flash kernel, which ignores a NaN in a causally hidden key (and, past one key block,
-a NaN in a hidden value); every other path, and any explicit mask, propagates it.
+a NaN in a hidden value); every other path, and any explicit mask, propagates it. The
+declaration says so by condition: ``masked_key_nan`` is ``propagates``, and ``per_row``
+under causal alone (``policy_when``).
 """
 
 from __future__ import annotations
@@ -251,10 +253,10 @@ class TorchBackend:
     policy = {
         "fully_masked_rows": "zeros",
         "neg_inf_bias_rows": "zeros",
-        # per_row: the math kernel propagates a NaN key to every row; the CPU flash
-        # kernel torch picks for 4-D inputs with Dk == Dv skips causally hidden key
-        # blocks, so only the rows whose visited blocks hold the NaN get it
-        "masked_key_nan": "per_row",
+        # propagates: a NaN key reaches every row through attn_mask (mask, window,
+        # lengths and bias are folded into one) and on the math kernel; under causal
+        # alone, policy_when below
+        "masked_key_nan": "propagates",
         "masked_value_nan": "propagates",
         "accumulation": "float32",
         # a padded query (past q_lengths) gets output, weight and dq rows of 0
@@ -262,6 +264,16 @@ class TorchBackend:
         # every lse it returns or takes is a natural log
         "lse_base": "e",
     }
+    #: with causal alone (is_causal, or causal_lower_right: no mask, window, bias or
+    #: lengths to fold into attn_mask) torch picks its CPU flash kernel for 4-D inputs
+    #: with Dk == Dv, which skips the causally hidden key blocks: only the rows whose
+    #: visited blocks hold a NaN key get it (per_row; the math kernel's propagates is
+    #: per_row too, every row NaN)
+    policy_when = [
+        {"when": {"causal": True, "mask": False, "window": False, "bias": False,
+                  "lengths": False},
+         "policy": {"masked_key_nan": "per_row"}},
+    ]
     paths = {
         "softmax": "native: torch.softmax",
         "scores": "composed: torch.matmul / torch.tanh (torch has no score-function API)",
@@ -302,6 +314,7 @@ class TorchBackend:
         # per-instance copies, so that one instance's edits never leak into another
         self.versions = dict(self.versions)
         self.policy = dict(self.policy)
+        self.policy_when = [dict(rule) for rule in self.policy_when]
         self.paths = dict(self.paths)
         self.device = _device(self.name, device, self.cuda_only)
         self.versions["device"] = _device_label(self.device)

@@ -197,6 +197,8 @@ class TorchFlexBackend(TorchBackend):
         # every lse it returns or takes is a natural log
         "lse_base": "e",
     }
+    #: the same choices on every call path (not the torch backend's causal condition)
+    policy_when = []
 
     def __init__(self, device=None, compiled=None):
         super().__init__(device)

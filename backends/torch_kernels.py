@@ -68,9 +68,11 @@ def _attend_4d(q, k, v, *, mask=None, bias=None, **params):
 class _KernelBackend(TorchBackend):
     """The torch adapter restricted to one SDPA kernel (``kernel``)."""
 
-    #: one kernel alone propagates a NaN in a masked key to every row (torch's own
-    #: dispatch, which may pick flash, declares per_row); the flash kernel overrides it
+    #: one kernel alone propagates a NaN in a masked key to every row, whatever the
+    #: call (torch's own dispatch, which may pick flash, declares per_row under causal
+    #: alone); the flash kernel overrides it
     policy = dict(TorchBackend.policy, masked_key_nan="propagates")
+    policy_when = []
 
     kernel: SDPBackend
     label: str
@@ -167,9 +169,10 @@ class TorchFlashBackend(_KernelBackend):
     kernel = SDPBackend.FLASH_ATTENTION
     label = "flash"
     #: with is_causal the kernel skips the key blocks a query cannot see, so a NaN in a
-    #: causally hidden key reaches only the rows whose visited blocks hold it (an explicit
-    #: mask propagates it to every row): each row is the ignored result or wholly NaN
-    policy = dict(TorchBackend.policy, masked_key_nan="per_row")
+    #: causally hidden key reaches only the rows whose visited blocks hold it (per_row:
+    #: each row the ignored result or wholly NaN); an explicit mask propagates it
+    policy = dict(TorchBackend.policy, masked_key_nan="propagates")
+    policy_when = TorchBackend.policy_when
 
 
 class TorchEfficientBackend(_KernelBackend):

@@ -1,10 +1,11 @@
-"""The declared `policy`, `op_policy` and `policy_when` of each built-in backend, read from the adapter
-modules' source with `ast`: no framework is imported (a page about torch's policies must
-render where torch is not installed).
+"""The declared `policy`, `op_policy`, `policy_when` and `dtype_notes` of each built-in
+backend, read from the adapter modules' source with `ast`: no framework is imported (a
+page about torch's policies must render where torch is not installed).
 
-A declaration is a dict (policy_when: list) literal of the class (or of `self.policy` in its `__init__`),
-`dict(Base.policy, name=choice, ...)`, or the base class's (in the same module, or
-imported from a sibling module: `from .torch import TorchBackend`). Any other form is an
+A declaration is a dict or list literal of the class (or a dict of `self.policy` in its
+`__init__`), `dict(Base.policy, name=choice, ...)`, `Base.policy_when`, or the base
+class's (in the same module, or imported from a sibling module: `from .torch import
+TorchBackend`). Any other form is an
 error naming the class, so that a new form is taught here rather than misread;
 tests/tooling/test_findings.py holds what this reads equal to what the backends declare
 where their frameworks are installed.
@@ -17,7 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ROOT / "backends"
-ATTRIBUTES = ("policy", "op_policy", "policy_when")
+ATTRIBUTES = ("policy", "op_policy", "policy_when", "dtype_notes")
+#: what an attribute is when neither the class nor a base declares it
+EMPTY = {"policy_when": list}
 
 
 def builtin() -> dict[str, tuple[str, str]]:
@@ -63,20 +66,22 @@ def declared(module: str, name: str, attribute: str = "policy") -> dict:
     value = _assigned(cls, attribute)
     if value is None:
         bases = [b.id for b in cls.bases if isinstance(b, ast.Name)]
-        return declared(module, bases[0], attribute) if bases else {}
-    if isinstance(value, (ast.Dict, ast.List)):      # policy_when is a list of dicts
+        return declared(module, bases[0], attribute) if bases else EMPTY.get(attribute, dict)()
+    if isinstance(value, (ast.Dict, ast.List)):
         return ast.literal_eval(value)
+    if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and \
+            value.attr == attribute:                  # policy_when = Base.policy_when
+        return declared(module, value.value.id, attribute)
     if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "dict" and \
             len(value.args) == 1 and isinstance(value.args[0], ast.Attribute):
         base = declared(module, value.args[0].value.id, attribute)
         return {**base, **{k.arg: ast.literal_eval(k.value) for k in value.keywords}}
-    raise ValueError(f"backends/{module}.py: {name}.{attribute} is neither a dict literal "
-                     f"nor dict(Base.{attribute}, ...) (line {value.lineno})")
+    raise ValueError(f"backends/{module}.py: {name}.{attribute} is neither a literal, "
+                     f"Base.{attribute} nor dict(Base.{attribute}, ...) (line {value.lineno})")
 
 
 def declarations() -> dict[str, dict]:
-    """Built-in name -> {"policy": {...}, "op_policy": {...}, "policy_when": [...]}, in
-    BUILTIN's order."""
-    return {name: {a: declared(module, cls, a) or ([] if a == "policy_when" else {})
-                   for a in ATTRIBUTES}
+    """Built-in name -> {"policy": {...}, "op_policy": {...}, "policy_when": [...],
+    "dtype_notes": {...}}, in BUILTIN's order."""
+    return {name: {a: declared(module, cls, a) for a in ATTRIBUTES}
             for name, (module, cls) in builtin().items()}

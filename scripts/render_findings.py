@@ -54,22 +54,31 @@ def expected_files() -> dict[str, Path]:
     return {name: files[name] for name in order}
 
 
-def policies_table(link: str) -> str:
-    """One row per built-in backend: in tox or not, its declared choices, its findings
-    (expected-failure entries that differ only in their match count once)."""
+def _conditions(declared: dict, notes: bool) -> str:
+    """A backend's policy_when rules in words (`when causal, not mask: masked_key_nan=
+    per_row`), and with notes its dtype_notes (`float64 left out: why`)."""
+    parts = [f"when {when_text(rule['when'])}: " + ", ".join(
+        f"{k}={v}" for k, v in sorted(rule["policy"].items())) for rule in declared["policy_when"]]
+    if notes:
+        parts += [f"{d} left out: {why}" for d, why in sorted(declared["dtype_notes"].items())]
+    return "".join(f" ({_cell(p)})" for p in parts)
+
+
+def policies_table(link: str, notes: bool = False) -> str:
+    """One row per built-in backend: in tox or not, its declared choices (a choice that a
+    policy_when rule overrides under a condition, with the rule; with notes, each dtype
+    left out and why), its findings (expected-failure entries that differ only in their
+    match count once)."""
     envs, files = tox_envs(), expected_files()
     rows = ["| backend | in tox | " + " | ".join(f"`{p}`" for p in POLICIES) + " | findings |",
             "|---" * (len(POLICIES) + 3) + "|"]
     for name, declared in declarations().items():
         per_op = "; ".join(f"{op}: " + ", ".join(f"{k}={v}" for k, v in sorted(c.items()))
                            for op, c in sorted(declared["op_policy"].items()))
-        when = "; ".join(f"when {when_text(r['when'])}: " +
-                         ", ".join(f"{k}={v}" for k, v in sorted(r["policy"].items()))
-                         for r in declared["policy_when"])
         count = len(_findings(load_expected(files[name]).entries)) if name in files else None
         findings = f"[{count}]({link}#{name})" if count else "none" if count == 0 else "no file"
         rows.append("| " + " | ".join(
-            [name + (f" (per op: {per_op})" if per_op else "") + (f" ({when})" if when else ""),
+            [name + (f" (per op: {per_op})" if per_op else "") + _conditions(declared, notes),
              "yes" if name in envs else "no",
              *(declared["policy"].get(p, "-") for p in POLICIES), findings]) + " |")
     return "\n".join(rows) + "\n"
@@ -128,7 +137,7 @@ def expected_sections() -> str:
 
 #: page -> generated part -> its text
 def parts() -> dict[str, dict[str, str]]:
-    return {FINDINGS: {"policies": policies_table(""), "expected": expected_sections()},
+    return {FINDINGS: {"policies": policies_table("", notes=True), "expected": expected_sections()},
             "README.md": {"policies": policies_table(FINDINGS)}}
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backend.interface import policy_for
 from ..model.dtypes import numpy_dtype
 from ..model.tolerances import Tolerances
 
@@ -31,6 +32,12 @@ class Context:
     @property
     def declaration(self):
         return self.caller.declaration
+
+    def declared_policy(self) -> dict[str, str]:
+        """The backend's choices for this call: policy, op_policy, then policy_when's
+        first matching rule per policy (its conditions read the call's inputs and params)."""
+        shapes = {name: np.shape(array) for name, array in self.arrays.items()}
+        return policy_for(self.declaration, self.case.op, shapes, self.params)
 
     def call(self, arrays=None, op=None, **params):
         """Call the backend again (metamorphic properties), returning float64 outputs."""

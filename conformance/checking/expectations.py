@@ -16,7 +16,6 @@ from ..model.dtypes import round_to
 from ..golden import sampled
 from ..golden.store import GoldenError
 from ..model.indexing import parse_index, split_target
-from ..backend.interface import policy_for
 from ..model.ops import OPS
 from ..model.errors import CheckFailure
 from ..model.policies import CONVENTION_POLICIES, DEFAULT_POLICIES, POLICY_TABLE, ROW_BY_ROW
@@ -38,10 +37,8 @@ def _policy_label(policy):
 
 
 def declared_policy(ctx: Context) -> dict[str, str]:
-    """The backend's choices for this call: policy, op_policy, then policy_when's first
-    matching rule per policy (its conditions read the call's inputs and params)."""
-    shapes = {name: np.shape(array) for name, array in ctx.arrays.items()}
-    return policy_for(ctx.declaration, ctx.case.op, shapes, ctx.params)
+    """The backend's choices for this call (Context.declared_policy)."""
+    return ctx.declared_policy()
 
 
 def accumulation(ctx: Context) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..backend.interface import policy_for
 from ..golden import reference
+from ..golden.compute import ACCUMULATION_DTYPES, longest_reduction
 from . import invariance
 from .comparison import digits
 from .context import Context
@@ -46,7 +47,12 @@ def property_entry(entry) -> tuple[str, dict]:
 
 
 def _tol(ctx, magnitude=1.0):
-    return ctx.tolerances.prop(ctx.dtype, magnitude)
+    """The property tolerance of this run (Tolerances.prop): n the inputs' longest
+    reduction, the sums in float32 for a half-precision backend of the float32 tier."""
+    wide = ctx.dtype in ACCUMULATION_DTYPES and \
+        ctx.declared_policy().get("accumulation") == "float32"
+    return ctx.tolerances.prop(ctx.dtype, magnitude, longest_reduction(ctx.exact_inputs),
+                               "float32" if wide else None)
 
 
 def _first(ctx):

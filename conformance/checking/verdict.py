@@ -50,7 +50,8 @@ def run_case(caller, case, variant, dtype, golden, prepared=None, called=None) -
     called: called once the backend has answered the test's first call, before its
     outputs are checked (the judge sends the next tests' calls ahead then)."""
     if dtype not in caller.declaration.dtypes:
-        raise Unsupported(f"backend does not declare dtype {dtype}")
+        why = caller.declaration.dtype_notes.get(dtype)
+        raise Unsupported(f"backend does not declare dtype {dtype}" + (f": {why}" if why else ""))
     undeclared = invariance.undeclared(case, caller.declaration)
     if undeclared:
         raise Unsupported(undeclared)

@@ -27,9 +27,17 @@ class Tolerances:
         magnitude = float(finite.max()) if finite.size else 0.0
         return self.multiplier * max(plain_error, self.unit_roundoff[dtype] * magnitude)
 
-    def prop(self, dtype: str, magnitude: float = 1.0) -> float:
-        """Tolerance of a property comparing a backend with itself."""
-        return self.multiplier * self.property_roundings * self.unit_roundoff[dtype] * magnitude
+    def prop(self, dtype: str, magnitude: float = 1.0, reduction: int = 1,
+             order: str | None = None) -> float:
+        """Tolerance of a property comparing a backend with itself, derived as the
+        golden's: multiplier x max(property_roundings roundings of the dtype, sqrt(n)
+        roundings of the dtype the sums are made in: `order`, float32 for a float16 or
+        bfloat16 backend of the float32 accumulation tier) x the magnitude involved, n
+        the longest reduction (a sum of n terms in another order, as the golden's floor)."""
+        u = self.unit_roundoff
+        roundings = max(self.property_roundings * u[dtype],
+                        math.sqrt(max(reduction, 1)) * u[order or dtype])
+        return self.multiplier * roundings * magnitude
 
 
 class TolerancesError(ValueError):

@@ -162,8 +162,19 @@ def backend_markdown(data: dict) -> str:
         out += ["", "## Unsupported", ""]
         for reason, ids in sorted(unsupported.items(), key=lambda kv: -len(kv[1])):
             out.append(f"- {len(ids)} tests: {reason} (first: `{ids[0]}`)")
+    out += _replaced(data["results"])
     out += _failures(data["results"])
     return "\n".join(out) + "\n"
+
+
+def _replaced(results: list[dict]) -> list[str]:
+    """Each test before which a fresh backend process was started, and why."""
+    replaced = [r for r in results if r.get("replaced")]
+    if not replaced:
+        return []
+    return ["", "## Backend processes replaced", "",
+            "A fresh process of the backend was started before these tests:", ""] + \
+        [f"- `{r['id']}`: {r['replaced']}" for r in replaced]
 
 
 def _incomplete(data: dict) -> list[str]:

@@ -294,7 +294,10 @@ def test_reference_bfloat16_softmax_runs_in_bfloat16():
     want = (e / e.sum(axis=-1, keepdims=True)).astype(ml_dtypes.bfloat16)  # rounded once
     sums = got.astype(np.float64).sum(axis=-1)
     assert np.abs(want.astype(np.float64).sum(axis=-1) - 1).max() < 0.02
-    assert np.abs(sums - 1).max() > 0.0625            # the spec's bfloat16 tolerance here
+    # off by more than 16 bfloat16 roundings (4 x 4 u, once the property's tolerance),
+    # within the derived one of a backend of the input tier (4 x sqrt(1024) u): what a
+    # sum accumulated in bfloat16 may do, so no longer a finding (issue 37)
+    assert 0.0625 < np.abs(sums - 1).max() < 4 * 32 * 2.0 ** -8
 
 
 # ===================================================================== PaddlePaddle

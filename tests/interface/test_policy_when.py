@@ -134,3 +134,18 @@ def test_dtype_notes_reach_the_report():
     backend.dtype_notes = {"float64": "computed in float32"}
     assert not declaration_problems(backend)
     assert describe(declare(backend))["dtype_notes"] == {"float64": "computed in float32"}
+
+
+def test_a_dtype_left_out_is_unsupported_with_its_note():
+    """The tests of a dtype in dtype_notes are unsupported with the note as the reason."""
+    from attention_conformance.checking.verdict import run_case
+    from attention_conformance.model.errors import Unsupported
+    from attention_conformance.specs.loader import load_spec
+
+    backend = NumpyBackend()
+    backend.dtypes = frozenset({"float32"})
+    backend.dtype_notes = {"float64": "computed in float32"}
+    case = next(c for c in load_spec().cases if "float64" in c.dtypes)
+    with pytest.raises(Unsupported, match="backend does not declare dtype float64: "
+                                          "computed in float32"):
+        run_case(InProcess(backend), case, case.variants[0], "float64", GoldenStore())

@@ -193,6 +193,11 @@ class Tiled:
         """The max used inside exp: 0 for a row with no finite score yet (Check_inf)."""
         return np.where(np.isneginf(m), 0, m)
 
+    @staticmethod
+    def _operand(x, st):
+        """A backward GEMM's operand (P, dS) as the kernel holds it: here, as computed."""
+        return x
+
     def _pv(self, p, v_t, st):
         """P V of one tile; P rounded to the input dtype first (FlashAttention's 2nd GEMM)."""
         if st["dt"] != st["ct"]:
@@ -295,14 +300,14 @@ class Tiled:
             for i0, i1 in self._query_tiles(j0, j1, st["lq"], st["lk"], st["causal"],
                                             st["window"]):
                 s, t = self._logits(st, q[..., i0:i1, :], k_t, i0, i1, j0, j1)
-                p = self._recompute_p(s, lse[..., i0:i1])
+                p = self._operand(self._recompute_p(s, lse[..., i0:i1]), st)
                 do_t = d_out[..., i0:i1, :]
                 dv[..., j0:j1, :] += _swap(p) @ do_t
                 dp = do_t @ _swap(v_t)
                 ds = p * (dp - d[..., i0:i1, None])
                 if t is not None:
                     ds = ds * (1 - t * t)
-                ds = ds * st["scale"]
+                ds = self._operand(ds * st["scale"], st)
                 dq[..., i0:i1, :] += ds @ k_t
                 dk[..., j0:j1, :] += _swap(ds) @ q[..., i0:i1, :]
         return (dq, dk, dv) + ((d_sink,) if st["sink"] is not None else ())
@@ -614,3 +619,22 @@ class TiledPrescaled(Tiled16):
         c = s.dtype.type(softcap)
         t = np.tanh(s / c)
         return c * t, t
+
+
+class TiledHalfRoundings(Tiled16):
+    """Tiles of 16 with the roundings of FlashAttention on tensor cores: every product
+    and sum accumulates in float32, but for float16 and bfloat16 the logits are rounded
+    to the input dtype before the softmax, P before P V (as every tiled form here), and
+    in the backward pass P before dV = P^T dO and dS before dQ = dS K and dK = dS^T Q.
+    The float32 accumulation tier's plain computation rounds every intermediate result
+    to the dtype (spec/tolerances.yaml), so its derived tolerance holds this kernel."""
+
+    name = "tiled-half-roundings"
+
+    @staticmethod
+    def _operand(x, st):
+        return x if st["dt"] == st["ct"] else x.astype(st["dt"]).astype(st["ct"])
+
+    def _logits(self, st, q_t, k_t, i0, i1, j0, j1):
+        s, t = super()._logits(st, q_t, k_t, i0, i1, j0, j1)
+        return self._operand(s, st), t

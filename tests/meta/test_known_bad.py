@@ -114,14 +114,18 @@ def test_the_correct_numpy_backend_passes_every_quick_case(spec, golden):
     assert not failures, "\n".join(failures[:10])
 
 
-@pytest.mark.parametrize("block", [16, 64, "prescaled"])
+@pytest.mark.parametrize("block", [16, 64, "prescaled", "half-roundings"])
 def test_the_correct_tiled_adapter_passes_every_quick_case(block, spec, golden):
-    """tests/known_good/tiled.py, tiles of 16 and of 64, certified like any backend; and
-    with q and k pre-scaled by sqrt(scale): every `exact` claim holds for that order too."""
+    """tests/known_good/tiled.py, tiles of 16 and of 64, certified like any backend; with
+    q and k pre-scaled by sqrt(scale): every `exact` claim holds for that order too; and
+    with FlashAttention's roundings to half (logits, P, dS) inside float32 accumulation:
+    the float32 tier it declares holds it (accumulation: float32)."""
     backend = {16: tiled_good.Tiled16, 64: tiled_good.Tiled64,
-               "prescaled": tiled_good.TiledPrescaled}[block]()
-    assert (backend.block_q, backend.block_k) == ((block, block) if block != "prescaled"
+               "prescaled": tiled_good.TiledPrescaled,
+               "half-roundings": tiled_good.TiledHalfRoundings}[block]()
+    assert (backend.block_q, backend.block_k) == ((block, block) if block in (16, 64)
                                                   else (16, 16))
+    assert backend.policy["accumulation"] == "float32"
     failures = _failures(backend, spec, golden)
     assert not failures, "\n".join(failures[:10])
 

@@ -123,6 +123,22 @@ def test_the_report_holds_every_line_the_terminal_leaves_out(backend, options, t
         assert more and "in _kernel" in block
         assert ("in _kernel" in failure["traceback"]) == ("--in-process" in options)
 
+def test_the_markdown_report_lists_each_backend_process_replaced(reports):
+    """Each test that started a fresh backend process, and why (the JSON's `replaced`)."""
+    from attention_conformance.reports.markdown import backend_markdown
+
+    _, out, _ = reports
+    data = _load(out, "numpy")
+    assert "## Backend processes replaced" not in backend_markdown(data)
+    first, second = data["results"][:2]
+    first["replaced"] = "the last one ended"
+    second["replaced"] = "it had grown by 130 MiB (--restart-above 100)"
+    md = backend_markdown(data)
+    assert "## Backend processes replaced" in md
+    assert f"- `{first['id']}`: the last one ended" in md
+    assert f"- `{second['id']}`: it had grown by 130 MiB (--restart-above 100)" in md
+
+
 def test_markdown_report_sections(reports):
     _, out, _ = reports
     md = (out / "numpy.md").read_text()

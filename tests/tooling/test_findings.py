@@ -33,7 +33,8 @@ for name in sys.argv[1:]:
         seen[name] = repr(exc)[:200]
         continue
     seen[name] = {"policy": dict(backend.policy), "op_policy": op_policy(backend),
-                  "policy_when": list(getattr(backend, "policy_when", []))}
+                  "policy_when": [dict(rule) for rule in getattr(backend, "policy_when", [])],
+                  "dtype_notes": dict(getattr(backend, "dtype_notes", {}))}
 print(json.dumps(seen))
 """
 
@@ -55,6 +56,20 @@ def test_a_new_entry_changes_the_page(tmp_path, monkeypatch):
     page = render_findings.expected_sections()
     assert "`masks/a-new-finding[*]` | - | before | a reason no file gives |" in page
     assert "[9](docs/findings.md#jax)" in render_findings.policies_table("docs/findings.md")
+
+
+def test_conditional_policies_and_dtype_notes_are_on_the_page(monkeypatch):
+    """A policy_when rule shows beside its backend in both tables, a dtype left out (and
+    why) in the findings page's."""
+    rule = {"when": {"causal": True, "mask": False}, "policy": {"masked_key_nan": "per_row"}}
+    fake = {"x": {"policy": {"masked_key_nan": "propagates"}, "op_policy": {},
+                  "policy_when": [rule], "dtype_notes": {"float64": "computed in float32"}}}
+    monkeypatch.setattr(render_findings, "declarations", lambda: fake)
+    page = render_findings.policies_table("", notes=True)
+    assert "| x (when causal, not mask: masked_key_nan=per_row) (float64 left out: " \
+           "computed in float32) |" in page
+    readme = render_findings.policies_table("docs/findings.md")
+    assert "when causal, not mask" in readme and "left out" not in readme
 
 
 def test_the_source_declares_what_the_loaded_backends_declare():
