@@ -406,7 +406,9 @@ attention-conformance package.
   itself -> its sha256) and `cases`: for each case its `id`, `topic`, `op` (the
   attention operation), `tags` (below), `description`, `source`, `positional` (the op's
   positional inputs, in order), `outputs` (output names: `out`; `out`, `lse` for
-  `sdpa_lse`; `dq`, `dk`, `dv`, and `d_sink` with a `sink`, for `sdpa_vjp`), `params` (the op's keyword parameters: `causal`, `scale`, `window`, ...),
+  `sdpa_lse`; `dq`, `dk`, `dv`, and `d_sink` with a `sink`, for `sdpa_vjp`), `params` (the op's keyword parameters: `causal`, `scale`, `window`, ...; `sharding`
+  says how a context-parallel case splits the sequence over ranks, and its expected outputs
+  are those of the whole, unsharded call),
   `expect` (the case's expectations as the spec writes them, e.g. exact values) and
   `entries`, one per shape variant and dtype: `file`, `variant`, `dims`, `dtype`,
   `inputs` (shape, dtype and storage dtype of each input) and `expected` (one branch
