@@ -5,37 +5,13 @@ NumPy arrays are copied into torch tensors on the backend's device (``device=Non
 there is none), the framework's public op is called, and the result is copied back into a
 fresh NumPy array of the input dtype.
 
-Path of each op (also in ``TorchBackend.paths``):
-
-- ``softmax``: native, ``torch.softmax``.
-- ``scores``: composed from ``torch.matmul`` / ``torch.tanh``; torch has no public
-  score-function API.
-- ``sdpa``: native, ``torch.nn.functional.scaled_dot_product_attention``. Top-left
-  causal alone goes through ``is_causal=True``, bottom-right causal alone through
-  ``torch.nn.attention.bias.causal_lower_right``; grouped-query through
-  ``enable_gqa=True``. Any other combination of mask, causal, window and bias is
-  folded into one ``attn_mask`` (bool when there is no bias, else a float bias with
-  ``-inf`` at disallowed positions) and still goes to SDPA. Only ``softcap``, which
-  needs the raw scores, is composed from torch ops.
-- ``attention_weights``: native, SDPA with ``V = identity(Lk)``, whose output is P
-  itself with SDPA's own masking; composed (as for ``sdpa``) with ``softcap``.
-- ``sdpa_vjp``: ``torch.autograd.grad`` through exactly the ``sdpa`` path.
-- ``self_attention``: projections with ``torch.matmul``, then the ``sdpa`` path.
-- ``multi_head_attention``: native ``torch.nn.MultiheadAttention`` (bias=False,
-  batch_first=True, need_weights=False) when the module can express the case
-  (``num_kv_heads`` None or equal to ``num_heads``, ``H*Dh == H*Dhv == Eq == Eo``);
-  otherwise (grouped-query, other head sizes) projections with ``torch.matmul`` and
-  the ``sdpa`` path.
-
-The composed softcap path reproduces the native op's declared policies: disallowed
-positions are *added* as ``-inf`` (so a NaN score stays NaN, as in SDPA), and a row
-with no allowed key gets zero weights (and zero gradients), as SDPA gives.
-
-- ``sdpa_lse``: composed, ``torch.logsumexp`` and ``torch.softmax`` of the score
-  pipeline: torch has no public op that returns the log-sum-exp (the private
-  ``_scaled_dot_product_flash_attention_for_cpu`` returns one, 0 on a row without keys).
-- ``sink`` (attention_weights, sdpa, sdpa_lse, sdpa_vjp): composed, the sink as one more
-  score column of value 0; SDPA has no sink. d_sink by ``torch.autograd.grad``.
+Each op's path (native: the framework's own op; composed: built from torch ops) is in
+``TorchBackend.paths``. SDPA is called with ``is_causal`` for top-left causal alone,
+``causal_lower_right`` for bottom-right alone and ``enable_gqa`` for grouped-query heads;
+any other mix of mask, causal, window and bias is folded into one ``attn_mask``. The
+composed paths (softcap, sinks, the lse) reproduce the native op's declared policies:
+disallowed positions are *added* as ``-inf``, and a row with no allowed key gets zero
+weights and gradients, as SDPA gives.
 
 Known difference (torch 2.13 CPU, kept visible on purpose): with ``is_causal=True``
 (top-left causal alone, or bottom-right with Lq == Lk) and Dk == Dv, SDPA takes its
@@ -253,9 +229,8 @@ class TorchBackend:
     policy = {
         "fully_masked_rows": "zeros",
         "neg_inf_bias_rows": "zeros",
-        # propagates: a NaN key reaches every row through attn_mask (mask, window,
-        # lengths and bias are folded into one) and on the math kernel; under causal
-        # alone, policy_when below
+        # a NaN key reaches every row through attn_mask and on the math kernel; under
+        # causal alone, policy_when below
         "masked_key_nan": "propagates",
         "masked_value_nan": "propagates",
         "accumulation": "float32",
@@ -264,11 +239,8 @@ class TorchBackend:
         # every lse it returns or takes is a natural log
         "lse_base": "e",
     }
-    #: with causal alone (is_causal, or causal_lower_right: no mask, window, bias or
-    #: lengths to fold into attn_mask) torch picks its CPU flash kernel for 4-D inputs
-    #: with Dk == Dv, which skips the causally hidden key blocks: only the rows whose
-    #: visited blocks hold a NaN key get it (per_row; the math kernel's propagates is
-    #: per_row too, every row NaN)
+    #: causal alone (nothing to fold into attn_mask): the CPU flash kernel (4-D, Dk == Dv)
+    #: skips hidden key blocks, so only rows whose visited blocks hold a NaN key get it
     policy_when = [
         {"when": {"causal": True, "mask": False, "window": False, "bias": False,
                   "lengths": False},

@@ -199,3 +199,16 @@ def test_the_docs_and_code_stand_alone():
              *PACKAGE.rglob("*.py"), *(root / "backends").glob("*.py")]
     outside = [p.name for p in texts if "DESIGN.md" in p.read_text() or "../shared" in p.read_text()]
     assert not outside, f"these refer outside the repository: {outside}"
+
+
+#: the most lines a module of the package may have, and an adapter of backends/
+#: (docs/contributing.md): a module longer than a screenful of screens is two modules
+MODULE_LINES, ADAPTER_LINES = 600, 450
+
+
+def test_no_module_and_no_adapter_outgrows_its_limit():
+    too_long = [f"{p.relative_to(ROOT)}: {n} lines" for folder, limit in
+                ((PACKAGE, MODULE_LINES), (ROOT / "backends", ADAPTER_LINES))
+                for p in sorted(folder.rglob("*.py"))
+                if (n := len(p.read_text().splitlines())) > limit]
+    assert not too_long, too_long
