@@ -130,6 +130,7 @@ class JaxRingBackend:
         "masked_value_nan": "propagates",
         "accumulation": "float32",
         "padded_query_rows": "zeros",
+        "lse_base": "e",              # the lse it returns, merged around the ring: natural logs
     }
     paths = {
         "sdpa": "composed: ring under jax.shard_map, ppermute of K/V and their positions, "

@@ -51,6 +51,7 @@ class TorchRingBackend:
         "masked_value_nan": "propagates",
         "accumulation": "float32",
         "padded_query_rows": "zeros",
+        "lse_base": "e",              # the lse it returns, merged around the ring: natural logs
     }
     versions = {"torch": torch.__version__, "device": "cpu", "process group": "gloo"}
     paths = {
