@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from .api import GoldenCase
+from .checking.expectations import key_nan_allowed
 from .golden.compute import generated_inputs, golden_entries
-from .golden.reference import key_nan_columns
 from .golden.store import GoldenStore, write_npz
 from .model.files import write_file
 from .model.ops import OPS
@@ -197,24 +197,12 @@ def _golden_arrays(golden: GoldenCase, variant, dtype, arrays) -> tuple[dict, li
             stored[f"expected/{prefix}{name}"] = np.asarray(gold, dtype=np.float64)
             stored[f"tolerance/{prefix}{name}"] = np.array(tol)
             outputs[name] = {"shape": list(np.shape(gold)), "tolerance": tol}
-            allowed = _nan_allowed(golden, name, policy, arrays)
-            if allowed is not None:
+            allowed = key_nan_allowed(golden.case.op, name, arrays, golden.params, policy)
+            if allowed is not None and allowed.any():
                 stored[f"nan_allowed/{prefix}{name}"] = allowed
         expected_sets.append({"policy": None if policy is None else prefix[:-1],
                               "outputs": outputs})
     return stored, expected_sets
-
-
-def _nan_allowed(golden: GoldenCase, name: str, policy, arrays):
-    """Where the spec accepts NaN in place of this output's golden (a plain dS K's 0 x NaN
-    in dq from a key its row does not read: reference.key_nan_columns), or None."""
-    k = arrays.get("k")
-    if golden.case.op != "sdpa_vjp" or name != "dq" or k is None or \
-            np.all(np.isfinite(np.asarray(k, dtype=np.float64))) or \
-            policy == ("masked_key_nan", "propagates"):
-        return None
-    allowed = key_nan_columns(arrays["q"], k, mask=arrays.get("mask"), **golden.params)
-    return allowed if allowed.any() else None
 
 
 def _json_document(golden: GoldenCase, variant, dtype, stored: dict) -> dict:

@@ -99,14 +99,20 @@ def _at_rows(result, name, ndim, rows):
 
 
 def plain_key_nan(ctx: Context, name: str, policy=None):
+    """key_nan_allowed() of this test's call."""
+    return key_nan_allowed(ctx.case.op, name, ctx.arrays, ctx.params, policy)
+
+
+def key_nan_allowed(op: str, name: str, arrays: dict, params: dict, policy=None):
     """Boolean of the dq positions where NaN stands for the golden, or None: unless the
     golden is masked_key_nan's `propagates`, a dq element that a plain dS K fills with
     0 * NaN from a key its row does not read (reference.key_nan_columns)."""
-    k = ctx.arrays.get("k")
-    if ctx.case.op != "sdpa_vjp" or name != "dq" or k is None or np.all(np.isfinite(k)) \
+    k = arrays.get("k")
+    if op != "sdpa_vjp" or name != "dq" or k is None \
+            or np.all(np.isfinite(np.asarray(k, dtype=np.float64))) \
             or policy == ("masked_key_nan", "propagates"):
         return None
-    return key_nan_columns(ctx.arrays["q"], k, mask=ctx.arrays.get("mask"), **ctx.params)
+    return key_nan_columns(arrays["q"], k, mask=arrays.get("mask"), **params)
 
 
 def check_golden(ctx: Context, policy=None) -> float:
