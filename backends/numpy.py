@@ -381,11 +381,11 @@ class NumpyBackend:
 
     def paged_sdpa(self, q, k_pages, v_pages, *, block_table, kv_lengths, sink=None,
                    page_layout="NHD", causal=None, scale=None, softcap=None, window=None,
-                   q_lengths=None):
+                   q_lengths=None, qv=None):
         """The pages read back (rules.gather_pages), then sdpa with the lengths."""
         k, v = rules.gather_pages(k_pages, v_pages, block_table, kv_lengths, page_layout)
         return self.sdpa(q, k, v, sink=sink, causal=causal, scale=scale, softcap=softcap,
-                         window=window, q_lengths=q_lengths, kv_lengths=kv_lengths)
+                         window=window, q_lengths=q_lengths, kv_lengths=kv_lengths, qv=qv)
 
     def merge_states(self, outs, lses):
         dt, _ = _dtypes(np.asarray(outs))

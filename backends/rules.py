@@ -31,7 +31,9 @@ Functions and classes:
 - ``memory_bytes``, ``check_size``, ``sized``: refuse, with the reason, a call whose score
   matrices this machine cannot hold (NotImplementedError: the test is unsupported, by size);
 - ``gather_pages``: a paged KV cache read back as contiguous keys and values;
-- ``merge_states``: partial attention states (output, lse) merged, in base e or 2.
+- ``merge_states``: partial attention states (output, lse) merged, in base e or 2;
+- ``fold_qv``: the absorbed MLA form's ``qv`` as plain attention over wider heads
+  (``lengths_as_mask`` and ``structure_as_mask`` fold it in for the sdpa they wrap).
 """
 
 from __future__ import annotations
@@ -173,6 +175,7 @@ def lengths_as_mask(method):
     @functools.wraps(method)
     def wrapper(self, q, k, *arrays, mask=None, causal=None, window=None, q_lengths=None,
                 kv_lengths=None, **params):
+        q, k = _qv_folded(q, k, arrays, params)
         structure = {n: params.pop(n) for n in STRUCTURE if n in params}
         mask = structure_mask(mask, np.shape(q), np.shape(k), **structure)
         if q_lengths is None and kv_lengths is None:
@@ -243,11 +246,36 @@ def structure_as_mask(method):
 
     @functools.wraps(method)
     def wrapper(self, q, k, *arrays, mask=None, **params):
+        q, k = _qv_folded(q, k, arrays, params)
         structure = {n: params.pop(n) for n in STRUCTURE if n in params}
         mask = structure_mask(mask, np.shape(q), np.shape(k), **structure)
         return method(self, q, k, *arrays, mask=mask, **params)
 
     return wrapper
+
+
+# ---------------------------------------------------------------- absorbed MLA
+
+
+def fold_qv(q, k, v, qv, scale=None):
+    """The absorbed MLA form (FlashAttention 3's ``qv``: scores ``(q kᵀ + qv vᵀ) · scale``,
+    the scale 1/sqrt(Dk + Dv) by default) as plain attention: q and qv side by side
+    against k and v side by side, which is FlashMLA's form. (q', k', scale)."""
+    q, k, v, qv = (np.asarray(x) for x in (q, k, v, qv))
+    keys = np.broadcast_shapes(k.shape[:-1], v.shape[:-1])
+    wide_k = np.concatenate([np.broadcast_to(k, keys + k.shape[-1:]),
+                             np.broadcast_to(v, keys + v.shape[-1:])], axis=-1)
+    scale = 1.0 / math.sqrt(q.shape[-1] + qv.shape[-1]) if scale is None else scale
+    return np.concatenate([q, qv], axis=-1), wide_k, scale
+
+
+def _qv_folded(q, k, arrays, params):
+    """A wrapped sdpa's q and k with params' qv (if any) folded in, params' scale set."""
+    qv = params.pop("qv", None)
+    if qv is None:
+        return q, k
+    q, k, params["scale"] = fold_qv(q, k, arrays[0], qv, params.get("scale"))
+    return q, k
 
 
 # ---------------------------------------------------------------- layout
