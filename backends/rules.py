@@ -26,6 +26,8 @@ Functions and classes:
   packed documents (``q_segment_ids``, ``kv_segment_ids``) and block-sparse masks
   (``block_mask``, ``block_size``) as one boolean mask, for a framework without them
   (``lengths_as_mask`` folds them in too);
+- ``shard_allowed``: in a sharded call, which of a rank's queries may see which keys of
+  another rank's block (causal, window, documents and block mask on global positions);
 - ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back;
 - ``key_range``: the keys a block of queries may see (a blocked kernel skips the rest);
 - ``memory_bytes``, ``check_size``, ``sized``: refuse, with the reason, a call whose score
@@ -223,6 +225,44 @@ def block_mask_dense(block_mask, block_size, lq: int, lk: int):
     blocks = np.asarray(block_mask) != 0
     dense = np.repeat(np.repeat(blocks, size_q, axis=-2), size_k, axis=-1)
     return dense[..., :lq, :lk]
+
+
+def shard_allowed(shard: dict, source: int, ndim: int, *, rank=None, causal=None,
+                  window=None, q_segment_ids=None, kv_segment_ids=None, block_mask=None,
+                  block_size=None):
+    """In a sharded call (docs/interface.md, "Sharded cases"): bool (..., n_q, n_kv),
+    broadcastable to scores of ``ndim`` dims, True where query ``q_positions[rank][i]``
+    may see key ``kv_positions[source][j]`` of the whole sequence: causal and window on
+    those global positions, the document ids and the block mask (whole-sequence params)
+    read at them. ``rank`` defaults to ``shard["rank"]``; None when nothing masks."""
+    rank = shard["rank"] if rank is None else rank
+    q_pos = np.asarray(shard["q_positions"][rank], dtype=np.int64)
+    kv_pos = np.asarray(shard["kv_positions"][source], dtype=np.int64)
+    lq, lk = (sum(len(p) for p in shard[n]) for n in ("q_positions", "kv_positions"))
+    check_causal(causal)
+    keep = None
+    if causal is not None or window is not None:
+        position, key = q_pos[:, None] + causal_offset(lq, lk, causal), kv_pos[None, :]
+        left, right = window_sides(window)
+        keep = np.ones((len(q_pos), len(kv_pos)), dtype=bool)
+        if causal is not None:
+            keep &= key <= position
+        if left is not None:
+            keep &= key >= position - left
+        if right is not None:
+            keep &= key <= position + right
+    documents = None
+    if q_segment_ids is not None or kv_segment_ids is not None:
+        documents = segment_mask(None if q_segment_ids is None else
+                                 np.take(np.asarray(q_segment_ids), q_pos, axis=-1),
+                                 None if kv_segment_ids is None else
+                                 np.take(np.asarray(kv_segment_ids), kv_pos, axis=-1), ndim)
+    blocks = None
+    if block_mask is not None:
+        size_q, size_k = block_size
+        blocks = np.take(np.take(np.asarray(block_mask) != 0, q_pos // size_q, axis=-2),
+                         kv_pos // size_k, axis=-1)
+    return and_masks(keep, documents, blocks)
 
 
 def structure_mask(mask, q_shape, k_shape, *, q_segment_ids=None, kv_segment_ids=None,
