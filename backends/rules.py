@@ -231,37 +231,22 @@ def shard_allowed(shard: dict, source: int, ndim: int, *, rank=None, causal=None
                   window=None, q_segment_ids=None, kv_segment_ids=None, block_mask=None,
                   block_size=None):
     """In a sharded call (docs/interface.md, "Sharded cases"): bool (..., n_q, n_kv),
-    broadcastable to scores of ``ndim`` dims, True where query ``q_positions[rank][i]``
-    may see key ``kv_positions[source][j]`` of the whole sequence: causal and window on
-    those global positions, the document ids and the block mask (whole-sequence params)
-    read at them. ``rank`` defaults to ``shard["rank"]``; None when nothing masks."""
-    rank = shard["rank"] if rank is None else rank
-    q_pos = np.asarray(shard["q_positions"][rank], dtype=np.int64)
-    kv_pos = np.asarray(shard["kv_positions"][source], dtype=np.int64)
-    lq, lk = (sum(len(p) for p in shard[n]) for n in ("q_positions", "kv_positions"))
-    check_causal(causal)
+    broadcastable to scores of ``ndim`` dims, where query ``q_positions[rank][i]`` may see
+    key ``kv_positions[source][j]``: causal and window on those global positions, the
+    whole sequence's document ids and block mask read at them. None when nothing masks."""
+    q_pos, kv_pos = (np.asarray(shard[n][r], dtype=np.int64) for n, r in
+                     (("q_positions", shard["rank"] if rank is None else rank),
+                      ("kv_positions", source)))
     keep = None
     if causal is not None or window is not None:
-        position, key = q_pos[:, None] + causal_offset(lq, lk, causal), kv_pos[None, :]
-        left, right = window_sides(window)
-        keep = np.ones((len(q_pos), len(kv_pos)), dtype=bool)
-        if causal is not None:
-            keep &= key <= position
-        if left is not None:
-            keep &= key >= position - left
-        if right is not None:
-            keep &= key <= position + right
-    documents = None
-    if q_segment_ids is not None or kv_segment_ids is not None:
-        documents = segment_mask(None if q_segment_ids is None else
-                                 np.take(np.asarray(q_segment_ids), q_pos, axis=-1),
-                                 None if kv_segment_ids is None else
-                                 np.take(np.asarray(kv_segment_ids), kv_pos, axis=-1), ndim)
-    blocks = None
-    if block_mask is not None:
-        size_q, size_k = block_size
-        blocks = np.take(np.take(np.asarray(block_mask) != 0, q_pos // size_q, axis=-2),
-                         kv_pos // size_k, axis=-1)
+        lq, lk = (sum(len(p) for p in shard[n]) for n in ("q_positions", "kv_positions"))
+        keep = allowed(lq, lk, causal, window)[np.ix_(q_pos, kv_pos)]
+    documents = None if q_segment_ids is None and kv_segment_ids is None else segment_mask(
+        *(None if ids is None else np.take(np.asarray(ids), pos, axis=-1)
+          for ids, pos in ((q_segment_ids, q_pos), (kv_segment_ids, kv_pos))), ndim)
+    blocks = None if block_mask is None else np.take(
+        np.take(np.asarray(block_mask) != 0, q_pos // block_size[0], axis=-2),
+        kv_pos // block_size[1], axis=-1)
     return and_masks(keep, documents, blocks)
 
 
