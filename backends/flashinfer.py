@@ -71,7 +71,7 @@ class FlashinferBackend(CudaAdapter):
     package = "flashinfer-python"
     dtypes = frozenset({"float16", "bfloat16"})
     dtype_notes = {"float32": "FlashInfer's attention kernels take float16, bfloat16 and "
-                              "fp8 only", "float64": "as float32"}
+                              "fp8 only", "float64": "FlashInfer computes no float64"}
     policy = {
         "fully_masked_rows": "zeros",
         "neg_inf_bias_rows": "zeros",

@@ -47,11 +47,11 @@ def fa_form(ql: int, kl: int, causal, window):
     return None
 
 
-def shared_form(q_lengths, kv_lengths, causal, window):
+def shared_form(name, q_lengths, kv_lengths, causal, window):
     forms = {fa_form(ql, kl, causal, window) for ql, kl in zip(q_lengths, kv_lengths)}
     if len(forms) != 1 or None in forms:
         raise NotImplementedError(
-            "vllm-flash: FlashAttention aligns causal and windows bottom-right and takes no "
+            f"{name}: FlashAttention aligns causal and windows bottom-right and takes no "
             f"mask: causal={causal!r}, window={window!r} over these lengths is not its form")
     return forms.pop()
 
@@ -65,7 +65,7 @@ class VllmFlashBackend(CudaAdapter):
     package = "vllm"
     dtypes = frozenset({"float16", "bfloat16"})
     dtype_notes = {"float32": "FlashAttention computes float16 and bfloat16 only",
-                   "float64": "as float32"}
+                   "float64": "FlashAttention computes no float64"}
     policy = {
         "fully_masked_rows": "zeros",    # "If the row of the mask is all zero, the output will be zero"
         "neg_inf_bias_rows": "zeros",
@@ -118,7 +118,7 @@ class VllmFlashBackend(CudaAdapter):
         q4, k4, v4 = layout.fold(np.asarray(q), np.asarray(k), np.asarray(v), np.broadcast_to)
         qls = list(q_lengths or [layout.lq] * layout.b)
         kls = list(kv_lengths or [layout.lk] * layout.b)
-        is_causal, sides = shared_form(qls, kls, causal, window)
+        is_causal, sides = shared_form(self.name, qls, kls, causal, window)
         size = padded_head(max(q4.shape[-1], v4.shape[-1]), self.name)
         tq, tk, tv = (pad_head(to_cuda(self._pack(x, n), self.device), size)
                       for x, n in ((q4, qls), (k4, kls), (v4, kls)))
@@ -164,12 +164,12 @@ class VllmFlashBackend(CudaAdapter):
                  for p in (k_pages, v_pages)]
         page_size = pools[0].shape[1]
         if page_size % 16:
-            raise NotImplementedError(f"vllm-flash: pages of {page_size} tokens (vLLM's "
+            raise NotImplementedError(f"{self.name}: pages of {page_size} tokens (vLLM's "
                                       "FlashAttention backend takes multiples of 16)")
         q = np.asarray(q)
         b, hq, lq, dk = q.shape
         qls, kls = list(q_lengths or [lq] * b), list(kv_lengths)
-        is_causal, sides = shared_form(qls, kls, causal, window)
+        is_causal, sides = shared_form(self.name, qls, kls, causal, window)
         dv = pools[1].shape[-1]
         size = padded_head(max(dk, dv), self.name)
         tk, tv = (pad_head(to_cuda(p, self.device), size) for p in pools)

@@ -140,3 +140,33 @@ def test_gpu_certify_check_refuses_a_backend_that_does_not_exist(tmp_path):
     assert run.returncode == 1
     assert "unknown backends ['vllm-flahs'], unpinned wheels ['flashinfer-python']" in \
         run.stdout + run.stderr
+
+
+# --------------------------------------------------------------- over CPU stand-ins
+
+STAND_INS = "ATTENTION_CONFORMANCE_GPU_STAND_INS"
+#: the topics whose conversions the adapters do themselves (layouts, block tables, CSR,
+#: packing, lse shapes and bases, masks)
+_TOPICS = {"FlashinferOnCpu": "paged or merge or mla or block_sparse or varlen or documents "
+                              "or causal or lse",
+           "VllmFlashOnCpu": "paged or merge or varlen or causal or lse or softcap"}
+
+
+@pytest.mark.skipif(not os.environ.get(STAND_INS),
+                    reason=f"slow: tox -e torch-math runs it ({STAND_INS}=1)")
+@pytest.mark.parametrize("stand_in", sorted(_TOPICS))
+def test_gpu_adapter_conversions_certify_over_cpu_stand_ins(stand_in, tmp_path):
+    """The adapter over tests/backends/_gpu_stand_ins.py (each library function it calls,
+    in float64 torch, as the library documents it): every selected test passes or is
+    unsupported with a reason, none fails, and the paged, merge and varlen forms run."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
+         str(ROOT), str(ROOT / "spec" / "cases"), "-p", "no:cacheprovider", "-q",
+         "--backend", f"{ROOT}/tests/backends/_gpu_stand_ins.py:{stand_in}",
+         "-k", _TOPICS[stand_in], "--report", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert run.returncode == 0, run.stdout[-3000:]
+    passed = {r["topic"] for r in report["results"] if r["status"] == "pass"}
+    assert {"paged", "merge", "varlen"} <= passed, passed
