@@ -86,8 +86,9 @@ class CudaAdapter:
         if self.unavailable is None:
             import torch
 
-            self.versions.update(torch=torch.__version__, cuda=str(torch.version.cuda),
-                                 gpu=torch.cuda.get_device_name(self.device))
+            self.versions.update(torch=torch.__version__, cuda=str(torch.version.cuda))
+            if not getattr(self, "distributed", None):   # CUDA is not initialised before
+                self.versions["gpu"] = torch.cuda.get_device_name(self.device)   # a fork
 
     def _import(self):
         raise NotImplementedError

@@ -3,11 +3,13 @@
 # torch-math, torch-flash, torch-efficient, torch-cudnn), torch-flex, jax and jax-cudnn,
 # and the prepared GPU adapters flashinfer, vllm-flash and torch-context-parallel
 # (written without a GPU: unverified until this script has run). Quick profile; each
-# step writes OUT/NAME.json, NAME.md and NAME.log, and the last step the matrix.
+# step writes REPORTS/NAME.json, NAME.md and NAME.log, then REPORTS gets the matrix and
+# summary.txt. Where $OUT names another folder (a device machine's, which returns a few
+# files), summary.txt, gpu.txt, matrix.md and REPORTS as gpu-reports.tar.gz go there too.
 #
-#   bash scripts/gpu_certify.sh [OUT]              certify (default OUT: $OUT, else reports/gpu)
+#   bash scripts/gpu_certify.sh [REPORTS]          certify (default REPORTS: reports/gpu)
 #   bash scripts/gpu_certify.sh --install-only     install from the wheelhouse, nothing else
-#   bash scripts/gpu_certify.sh --check [OUT]      on any machine: check the plan and print
+#   bash scripts/gpu_certify.sh --check [REPORTS]  on any machine: check the plan and print
 #                                                  every command, run nothing
 #
 # Needs a python3 with a CUDA build of torch (and jax with CUDA for the jax steps); the
@@ -28,9 +30,10 @@
 # 62 MB), install in one call (`--install-only`, the wheels carried; .gpu-site stays on
 # the warm machine) and certify in the next.
 #
-# Time: the steps run side by side (one GPU holds them all; flashinfer and the JAX steps
+# ONLY=flashinfer,vllm-flash runs those steps alone. Time: the steps run side by side (one GPU holds them all; flashinfer and the JAX steps
 # spread over xdist workers, FlashInfer compiling its kernels at their first use), each
-# under STEP_TIMEOUT seconds (default 300): about 5 minutes in all.
+# under STEP_TIMEOUT seconds (default 420; a FlashInfer kernel compiling at its first
+# call gets --case-timeout 600): about 5 minutes in all, 7 at most.
 set -u
 cd "$(dirname "$0")/.."
 MODE=certify
@@ -38,11 +41,11 @@ case "${1:-}" in
     --check) MODE=check; shift ;;
     --install-only) MODE=install; shift ;;
 esac
-OUT=${1:-${OUT:-reports/gpu}}
+REPORTS=${1:-reports/gpu}
 PY=${PYTHON:-python3}
 WHEELHOUSE=${WHEELHOUSE:-.whl}
 GPU_SITE=${GPU_SITE:-$PWD/.gpu-site}
-STEP_TIMEOUT=${STEP_TIMEOUT:-300}
+STEP_TIMEOUT=${STEP_TIMEOUT:-420}
 
 # NAME DEVICE [pytest args...]: the plan, one step a line (DEVICE - : the backend's own)
 PLAN="torch cuda
@@ -53,9 +56,12 @@ torch-cudnn cuda
 torch-flex cuda -n 4
 jax gpu -n 4
 jax-cudnn gpu -n 2
-flashinfer - -n 4
+flashinfer - -n 4 --case-timeout 600
 vllm-flash - -n 2
 torch-context-parallel - -k context_parallel"
+if [ -n "${ONLY:-}" ]; then      # ONLY=name,name: those steps alone
+    PLAN=$(grep -E "^(${ONLY//,/|}) " <<< "$PLAN")
+fi
 
 install() {
     mkdir -p "$GPU_SITE"
@@ -73,17 +79,17 @@ install() {
 step() {   # step NAME DEVICE [pytest args...]
     local name=$1 device=$2 start=$SECONDS rc summary
     shift 2
-    local args=(-m pytest spec/cases -p no:cacheprovider -q --backend "$name" --report "$OUT")
+    local args=(-m pytest spec/cases -p no:cacheprovider -q --backend "$name" --report "$REPORTS")
     [ "$device" != - ] && args+=(--device "$device")
     if [ "$MODE" = check ]; then
         echo "$PY ${args[*]} $*"
         return
     fi
-    timeout -k 10 "$STEP_TIMEOUT" "$PY" "${args[@]}" "$@" > "$OUT/$name.log" 2>&1
+    timeout -k 10 "$STEP_TIMEOUT" "$PY" "${args[@]}" "$@" > "$REPORTS/$name.log" 2>&1
     rc=$?
-    summary=$(grep -m1 -E "^  [0-9]+ pass" "$OUT/$name.log")
+    summary=$(grep -m1 -E "^  [0-9]+ pass" "$REPORTS/$name.log")
     [ "$rc" -eq 124 ] && summary="timed out after ${STEP_TIMEOUT}s"
-    [ -z "$summary" ] && summary=$(grep -m1 -E "Error|error" "$OUT/$name.log")
+    [ -z "$summary" ] && summary=$(grep -m1 -E "Error|error" "$REPORTS/$name.log")
     printf '%-24s exit %-3s %4ss %s\n' "$name" "$rc" "$((SECONDS - start))" "$summary"
 }
 
@@ -105,7 +111,7 @@ if [ "$MODE" = check ]; then
     check_plan
     echo "== would install: $PY -m pip install --no-index --no-deps --target $GPU_SITE" \
          "$WHEELHOUSE/*.whl and ."
-    echo "== would run, side by side, each under ${STEP_TIMEOUT}s, reports in $OUT:"
+    echo "== would run, side by side, each under ${STEP_TIMEOUT}s, reports in $REPORTS:"
     while read -r line; do step $line; done <<< "$PLAN"
     exit 0
 fi
@@ -113,12 +119,13 @@ fi
 install || { echo "gpu_certify: installing failed"; exit 1; }
 export PYTHONPATH="$GPU_SITE${PYTHONPATH:+:$PYTHONPATH}"
 [ "$MODE" = install ] && { echo "installed into $GPU_SITE"; exit 0; }
-mkdir -p "$OUT"
+mkdir -p "$REPORTS"
 
 echo "== GPU"
 timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
-    | tee "$OUT/gpu.txt" || echo "nvidia-smi failed: no NVIDIA driver here?" | tee "$OUT/gpu.txt"
-timeout 120 "$PY" - <<'EOF' 2>&1 | tee -a "$OUT/gpu.txt"
+    > "$REPORTS/gpu.txt" 2>&1 || echo "nvidia-smi failed: no NVIDIA driver here?" > "$REPORTS/gpu.txt"
+cat "$REPORTS/gpu.txt"
+timeout 120 "$PY" - <<'EOF' 2>&1 | tee -a "$REPORTS/gpu.txt"
 import importlib
 for module in ("torch", "jax", "flashinfer", "vllm"):
     try:
@@ -130,15 +137,21 @@ import torch
 print("CUDA", torch.version.cuda, "devices", torch.cuda.device_count())
 EOF
 
+export ATTENTION_CONFORMANCE_SPEC=$PWD/spec   # pytest spec/cases with the package installed
 export OMP_NUM_THREADS=1                      # the spec's inputs are tiny
 export XLA_PYTHON_CLIENT_PREALLOCATE=false    # several JAX processes share the GPU
 export TF_CPP_MIN_LOG_LEVEL=2
 export PYTORCH_NVML_BASED_CUDA_CHECK=1        # the ranks fork from a process that asked
 
 echo "== certifying (each step at most ${STEP_TIMEOUT}s, side by side)"
-while read -r line; do step $line & done <<< "$PLAN"
-wait
+{ while read -r line; do step $line & done <<< "$PLAN"; wait; } | tee "$REPORTS/summary.txt"
 
 echo "== matrix"
-timeout 60 "$PY" -m attention_conformance report "$OUT"
-echo "reports, logs and the GPU's description are in $OUT"
+timeout 60 "$PY" -m attention_conformance report "$REPORTS"
+if [ -n "${OUT:-}" ] && [ "$(realpath -m "$OUT")" != "$(realpath -m "$REPORTS")" ]; then
+    mkdir -p "$OUT"
+    cp "$REPORTS/summary.txt" "$REPORTS/gpu.txt" "$OUT/"
+    cp "$REPORTS/matrix.md" "$OUT/" 2>/dev/null
+    tar czf "$OUT/gpu-reports.tar.gz" -C "$(dirname "$REPORTS")" "$(basename "$REPORTS")"
+fi
+echo "reports, logs and the GPU's description are in $REPORTS"

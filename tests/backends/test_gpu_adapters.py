@@ -170,3 +170,15 @@ def test_gpu_adapter_conversions_certify_over_cpu_stand_ins(stand_in, tmp_path):
     assert run.returncode == 0, run.stdout[-3000:]
     passed = {r["topic"] for r in report["results"] if r["status"] == "pass"}
     assert {"paged", "merge", "varlen"} <= passed, passed
+
+
+def test_gpu_certify_only_runs_the_steps_it_names():
+    run = subprocess.run(["bash", "scripts/gpu_certify.sh", "--check"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHON": sys.executable,
+                              "ONLY": "flashinfer,torch-context-parallel"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    commands = [line for line in run.stdout.splitlines() if " -m pytest spec/cases " in line]
+    assert [line.split("--backend ")[1].split()[0] for line in commands] == \
+        ["flashinfer", "torch-context-parallel"]
+    assert "--case-timeout 600" in commands[0]
