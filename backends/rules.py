@@ -26,14 +26,15 @@ Functions and classes:
   packed documents (``q_segment_ids``, ``kv_segment_ids``) and block-sparse masks
   (``block_mask``, ``block_size``) as one boolean mask, for a framework without them
   (``lengths_as_mask`` folds them in too);
+- ``shard_allowed``: in a sharded call, which of a rank's queries may see which keys of
+  another rank's block (causal, window, documents and block mask on global positions);
 - ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back;
 - ``key_range``: the keys a block of queries may see (a blocked kernel skips the rest);
 - ``memory_bytes``, ``check_size``, ``sized``: refuse, with the reason, a call whose score
   matrices this machine cannot hold (NotImplementedError: the test is unsupported, by size);
 - ``gather_pages``: a paged KV cache read back as contiguous keys and values;
 - ``merge_states``: partial attention states (output, lse) merged, in base e or 2;
-- ``fold_qv``: the absorbed MLA form's ``qv`` as plain attention over wider heads
-  (``lengths_as_mask`` and ``structure_as_mask`` fold it in for the sdpa they wrap).
+- ``fold_qv``: the absorbed MLA form's ``qv`` folded into q and k (backends/absorbed.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ import math
 import os
 
 import numpy as np
+
+from .absorbed import fold_qv, qv_folded as _qv_folded  # noqa: F401 (fold_qv: public)
 
 #: the values of ``causal``
 CAUSAL = (None, "top_left", "bottom_right")
@@ -228,6 +231,29 @@ def block_mask_dense(block_mask, block_size, lq: int, lk: int):
     return dense[..., :lq, :lk]
 
 
+def shard_allowed(shard: dict, source: int, ndim: int, *, rank=None, causal=None,
+                  window=None, q_segment_ids=None, kv_segment_ids=None, block_mask=None,
+                  block_size=None):
+    """In a sharded call (docs/interface.md, "Sharded cases"): bool (..., n_q, n_kv),
+    broadcastable to scores of ``ndim`` dims, where query ``q_positions[rank][i]`` may see
+    key ``kv_positions[source][j]``: causal and window on those global positions, the
+    whole sequence's document ids and block mask read at them. None when nothing masks."""
+    q_pos, kv_pos = (np.asarray(shard[n][r], dtype=np.int64) for n, r in
+                     (("q_positions", shard["rank"] if rank is None else rank),
+                      ("kv_positions", source)))
+    keep = None
+    if causal is not None or window is not None:
+        lq, lk = (sum(len(p) for p in shard[n]) for n in ("q_positions", "kv_positions"))
+        keep = allowed(lq, lk, causal, window)[np.ix_(q_pos, kv_pos)]
+    documents = None if q_segment_ids is None and kv_segment_ids is None else segment_mask(
+        *(None if ids is None else np.take(np.asarray(ids), pos, axis=-1)
+          for ids, pos in ((q_segment_ids, q_pos), (kv_segment_ids, kv_pos))), ndim)
+    blocks = None if block_mask is None else np.take(
+        np.take(np.asarray(block_mask) != 0, q_pos // block_size[0], axis=-2),
+        kv_pos // block_size[1], axis=-1)
+    return and_masks(keep, documents, blocks)
+
+
 def structure_mask(mask, q_shape, k_shape, *, q_segment_ids=None, kv_segment_ids=None,
                    block_mask=None, block_size=None):
     """The boolean mask (None or broadcastable to the scores of q and k, given by their
@@ -252,30 +278,6 @@ def structure_as_mask(method):
         return method(self, q, k, *arrays, mask=mask, **params)
 
     return wrapper
-
-
-# ---------------------------------------------------------------- absorbed MLA
-
-
-def fold_qv(q, k, v, qv, scale=None):
-    """The absorbed MLA form (FlashAttention 3's ``qv``: scores ``(q kᵀ + qv vᵀ) · scale``,
-    the scale 1/sqrt(Dk + Dv) by default) as plain attention: q and qv side by side
-    against k and v side by side, which is FlashMLA's form. (q', k', scale)."""
-    q, k, v, qv = (np.asarray(x) for x in (q, k, v, qv))
-    keys = np.broadcast_shapes(k.shape[:-1], v.shape[:-1])
-    wide_k = np.concatenate([np.broadcast_to(k, keys + k.shape[-1:]),
-                             np.broadcast_to(v, keys + v.shape[-1:])], axis=-1)
-    scale = 1.0 / math.sqrt(q.shape[-1] + qv.shape[-1]) if scale is None else scale
-    return np.concatenate([q, qv], axis=-1), wide_k, scale
-
-
-def _qv_folded(q, k, arrays, params):
-    """A wrapped sdpa's q and k with params' qv (if any) folded in, params' scale set."""
-    qv = params.pop("qv", None)
-    if qv is None:
-        return q, k
-    q, k, params["scale"] = fold_qv(q, k, arrays[0], qv, params.get("scale"))
-    return q, k
 
 
 # ---------------------------------------------------------------- layout
