@@ -22,4 +22,5 @@ BUILTIN = {
     "transformers-eager": "attention_conformance.backends.transformers:TransformersEagerBackend",
     "keras-torch": "attention_conformance.backends.keras:KerasTorchBackend",
     "keras-tensorflow": "attention_conformance.backends.keras:KerasTensorflowBackend",
+    "keras-jax": "attention_conformance.backends.keras:KerasJaxBackend",
 }
