@@ -23,4 +23,9 @@ BUILTIN = {
     "keras-torch": "attention_conformance.backends.keras:KerasTorchBackend",
     "keras-tensorflow": "attention_conformance.backends.keras:KerasTensorflowBackend",
     "keras-jax": "attention_conformance.backends.keras:KerasJaxBackend",
+    # GPU only: on a machine without CUDA they load and every test is unsupported
+    "flashinfer": "attention_conformance.backends.flashinfer:FlashinferBackend",
+    "vllm-flash": "attention_conformance.backends.vllm_flash:VllmFlashBackend",
+    "torch-context-parallel":
+        "attention_conformance.backends.torch_context_parallel:TorchContextParallelBackend",
 }
