@@ -61,5 +61,5 @@ def test_a_killed_rank_is_one_crash_and_the_next_call_gets_a_fresh_cluster():
         _call(backend, 4)
     assert children() <= before
     adapter.fault = None
-    _call(backend, 4)                     # a fresh cluster of four, its own coordinator
+    _call(backend, 2)                     # a fresh cluster, its own coordinator
     assert children() <= before
