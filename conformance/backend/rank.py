@@ -10,8 +10,9 @@ process it was forked from runs again). It dies with that process.
 
 A rank of the ``jax.distributed`` form is forked the same way (plain multiprocessing),
 becomes one process of a JAX cluster (jax.distributed.initialize with a coordinator on a
-loopback port rank 0 serves, gloo CPU collectives), calls the op, answers, and stays
-until the suite ends the group once every rank has answered.
+loopback port rank 0 serves, gloo CPU collectives), calls the op, answers (its outputs or
+its error), and stays until the suite ends the group: a JAX process that leaves aborts
+its whole cluster.
 """
 
 from __future__ import annotations
@@ -80,14 +81,14 @@ def main(job: Job, method, args, keywords, answer) -> None:
         result = method(*args, **keywords, shard=job.shard)
         _barrier(job)
         answer.send(("outputs", _plain(result)))
-        if job.form == "jax.distributed":
-            _wait_to_be_ended()
     except NotImplementedError as exc:
         _send(answer, ("unsupported", str(exc) or type(exc).__name__))
     except BaseException as exc:
         _send(answer, ("raised", f"{type(exc).__name__}: {_text(exc)}",
                        "".join(traceback.format_exception(exc, limit=-4))[-4000:]))
     finally:
+        if job.form == "jax.distributed":
+            _wait_to_be_ended()       # a JAX process that leaves aborts its whole cluster
         os._exit(0)
 
 
@@ -115,8 +116,11 @@ def _join_jax(job: Job) -> None:
     """This process made one of the group's JAX processes (jax.distributed, a coordinator
     on the loopback that rank 0 serves; CPU collectives through gloo). The adapter's
     process must not have started JAX's backend before the fork: initialize comes first."""
+    import faulthandler
+
     import jax
 
+    faulthandler.disable()      # a peer's death aborts this process: the suite says which
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{job.store_port}",
                                num_processes=job.world_size, process_id=job.rank,
@@ -136,6 +140,9 @@ def _barrier(job: Job) -> None:
 
 
 def _wait_to_be_ended() -> None:
+    """Stay (answered, or failed) until the suite ends the group: jax.distributed's health
+    checking aborts every process of a cluster when one leaves, which would turn a rank's
+    error into its peers' crash."""
     while True:
         signal.pause()
 

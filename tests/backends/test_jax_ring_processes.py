@@ -52,8 +52,10 @@ def test_a_killed_rank_is_one_crash_and_the_next_call_gets_a_fresh_cluster():
     adapter = RankKilled()
     backend, before = InProcess(adapter), children()
     adapter.fault = "killed"
-    with pytest.raises(RankCrashed, match="rank 1 of 2 died during sdpa_lse .killed by signal "
-                                          "SIGKILL."):
+    # jax.distributed aborts the survivors of a cluster whose process died: the crash may
+    # name rank 0 (SIGABRT) where the suite sees both dead at once
+    with pytest.raises(RankCrashed, match="rank [01] of 2 died during sdpa_lse .killed by signal "
+                                          "SIG(KILL|ABRT).; its group of 2 ranks was ended"):
         _call(backend, 2)
     assert children() <= before
     adapter.fault = "raised"
