@@ -22,4 +22,9 @@ BUILTIN = {
     "transformers-eager": "attention_conformance.backends.transformers:TransformersEagerBackend",
     "keras-torch": "attention_conformance.backends.keras:KerasTorchBackend",
     "keras-tensorflow": "attention_conformance.backends.keras:KerasTensorflowBackend",
+    # GPU only: on a machine without CUDA they load and every test is unsupported
+    "flashinfer": "attention_conformance.backends.flashinfer:FlashinferBackend",
+    "vllm-flash": "attention_conformance.backends.vllm_flash:VllmFlashBackend",
+    "torch-context-parallel":
+        "attention_conformance.backends.torch_context_parallel:TorchContextParallelBackend",
 }

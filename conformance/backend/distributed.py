@@ -22,6 +22,7 @@ import signal
 
 import numpy as np
 
+from ..model.layout import split as split_layout, views as strided_views
 from ..model.errors import BackendCrashed, BackendRaised, CheckFailure, Unsupported
 from ..model.ops import OPS, output_shapes, outputs_for
 from ..model.sharding import FORMS, Sharding, gather, shard_description, shard_inputs, shard_shape
@@ -37,7 +38,11 @@ class RankCrashed(BackendCrashed):
 
 
 def dispatch(adapter, op: str, arrays: dict, params: dict):
-    """Call the adapter's op: sharded over its ranks when the case gives `sharding`."""
+    """Call the adapter's op: sharded over its ranks when the case gives `sharding`, its
+    inputs made the strided views of the case's layout when the call carries one
+    (model/layout.py: here, on the backend's side of the process boundary)."""
+    layout, params = split_layout(params)
+    arrays = strided_views(arrays, layout)
     if "sharding" in params:
         return invoke_sharded(adapter, op, arrays, params)
     return invoke(adapter, op, arrays, params)

@@ -18,6 +18,7 @@ from ..backend.calling import cast_inputs, checked_outputs
 from ..golden.compute import rounded_inputs
 from ..model.errors import BackendCrashed, BackendRaised, CaseTimeout, CheckFailure, Unsupported
 from ..model.case import timeout_factor
+from ..model.layout import call_params
 from ..model.text import printable
 from . import invariance
 from .context import Context
@@ -56,7 +57,7 @@ def run_case(caller, case, variant, dtype, golden, prepared=None, called=None) -
     if undeclared:
         raise Unsupported(undeclared)
     exact_inputs, arrays = prepared or case_inputs(case, variant, dtype)
-    raw = caller.call(case.op, arrays, case.params)
+    raw = caller.call(case.op, arrays, call_params(case))   # with the case's layout, if any
     if called is not None:
         called()
     outputs = checked_outputs(case.op, raw, arrays, case.params, dtype)

@@ -34,6 +34,8 @@ class Case:
     #: the memory a test of the case needs of the machine that runs it (GB): on one with
     #: less, the test is unsupported, by size (golden/inputs.py's too_large)
     min_memory_gb: float = 0.0
+    #: input name -> how the backend receives it laid out in memory (model/layout.py)
+    layout: dict = field(default_factory=dict)
 
     def where(self) -> str:
         return f"{self.file}:{self.line}"

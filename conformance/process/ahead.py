@@ -13,6 +13,7 @@ import numpy as np
 from ..checking.context import Context
 from ..checking.expectations import planned_calls
 from ..checking.verdict import case_inputs
+from ..model.layout import call_params
 
 #: how many tests' first calls the judge keeps sent ahead to the backend's process: it
 #: computes them while the judge checks, and seldom waits idle for a message (waking a
@@ -69,7 +70,7 @@ def send_first_call(proxy, case, variant, dtype):
             or case.profile == "scale":
         return None
     prepared = case_inputs(case, variant, dtype)
-    if not proxy.send_ahead(case.op, prepared[1], case.params):
+    if not proxy.send_ahead(case.op, prepared[1], call_params(case)):
         return None
     planning = Context(proxy, case, variant, dtype, prepared[1], prepared[0], None, None, None)
     try:

@@ -71,7 +71,7 @@ def _case(raw, topic, name, line=None) -> Case:
         params=_plain(raw.get("params", {})), dtypes=tuple(raw["dtypes"]),
         expect=_plain(raw["expect"]), variants=_variants(raw),
         profile=raw.get("profile", "quick"), file=name,
-        min_memory_gb=float(raw.get("min_memory_gb", 0)),
+        min_memory_gb=float(raw.get("min_memory_gb", 0)), layout=_plain(raw.get("layout", {})),
         line=raw.line if line is None else line, raw=raw)
 
 

@@ -27,6 +27,7 @@ from ..model.ops import OPS, output_shapes
 from ..model.shapes import score_shape
 from ..model.policies import CONVENTION_POLICIES, POLICIES, TOLERANCE_POLICIES
 from ..model.sharding import case_problems as sharding_problems
+from ..model.layout import problems as layout_problems
 from ..checking.properties import PROPERTIES, property_entry
 from .yaml_reader import SpecError
 from ..checking.statistics import STATISTICS
@@ -513,5 +514,6 @@ def _check_arrays(case, arrays) -> list[str]:
         output_shapes(case.op, {n: a.shape for n, a in arrays.items()}, case.params)
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         problems.append(f"inconsistent shapes: {exc}")
-    return problems + sharding_problems(case.op, {n: a.shape for n, a in arrays.items()},
-                                        case.params)
+    shapes = {n: a.shape for n, a in arrays.items()}
+    return problems + sharding_problems(case.op, shapes, case.params) \
+        + layout_problems(case.layout, shapes, case.params)

@@ -3,8 +3,8 @@ device=DEVICE; a device the machine lacks is one clear load error, never a silen
 the CPU; each torch SDPA kernel backend runs that kernel or reports the input unsupported.
 
 On a machine with no accelerator (this project's) the CUDA and GPU cases check the
-refusal; where torch or JAX sees one, those tests are skipped (the benchmarks'
-gpu_matrix.sh certifies the accelerator itself).
+refusal; where torch or JAX sees one, those tests are skipped (scripts/gpu_certify.sh
+certifies the accelerator itself).
 """
 
 from __future__ import annotations

@@ -119,4 +119,5 @@ NEEDS = {
                                              lambda c: c.op == "merge_states"),
     "inf_lse_taken_as_real_state": ("merge_states case with an lse of +inf",
                                     lambda c: c.op == "merge_states"),
+    "strides_read_as_packed": ("case with a strided input layout", lambda c: bool(c.layout)),
 }

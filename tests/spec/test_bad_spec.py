@@ -308,6 +308,13 @@ SCENARIOS = {
                           "block_mask", "is not valid under any of the given schemas"),
     "softmax_axis_out_of_range": (softmax("axis-5", "{axis: 5}"), None,
                                   "inconsistent shapes: axis 5 is out of range for x of 2 dims"),
+    "layout_unknown_input": (case("layout-mask", "    dtypes:", "    layout: {mask: {pad: 1}}\n"
+                                  "    dtypes:"), None, "layout 'mask': the case has no input"),
+    "layout_order_not_a_permutation": (
+        case("layout-order", "    dtypes:", "    layout: {q: {order: [0, 0]}}\n    dtypes:"),
+        None, "layout 'q': order [0, 0] is not a permutation of the 2 axes"),
+    "layout_pad_too_large": (case("layout-pad", "    dtypes:", "    layout: {k: {pad: 65}}\n"
+                                  "    dtypes:"), "layout", "65 is greater than the maximum"),
 }
 
 #: rows whose problem is in one case: the good cases around it still load
