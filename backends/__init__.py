@@ -22,6 +22,7 @@ BUILTIN = {
     "transformers-eager": "attention_conformance.backends.transformers:TransformersEagerBackend",
     "keras-torch": "attention_conformance.backends.keras:KerasTorchBackend",
     "keras-tensorflow": "attention_conformance.backends.keras:KerasTensorflowBackend",
+    "keras-jax": "attention_conformance.backends.keras:KerasJaxBackend",
     # GPU only: on a machine without CUDA they load and every test is unsupported
     "flashinfer": "attention_conformance.backends.flashinfer:FlashinferBackend",
     "vllm-flash": "attention_conformance.backends.vllm_flash:VllmFlashBackend",

@@ -5,8 +5,9 @@ every rank's shard stacked on a leading axis, which ``shard_map`` splits over a 
 W host devices (axis ``ring``). On each device the key/value block and its global
 positions travel around the ring with ``jax.lax.ppermute`` (to device + 1); each step
 attends the device's queries to the block it holds, masked by the global positions
-(causal, window), and merges the block's partial state through the log-sum-exp. The
-backward pass is JAX's own: ``jax.vjp`` of the sharded forward, where the transpose of
+(causal, window), the packed documents (each device's key ids travel with its block) and
+the block mask (whole, read at the positions), and merges the block's partial state
+through the log-sum-exp. The backward pass is JAX's own: ``jax.vjp`` of the sharded forward, where the transpose of
 each ``ppermute`` carries dK and dV back around the ring to the device that holds them.
 
 W host devices need ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before jax is
@@ -58,6 +59,18 @@ def _allowed(q_pos, kv_pos, offset, causal, left, right):
     return keep
 
 
+def _structure(q_ids, kv_ids, q_pos, kv_pos, blocks, block_size, ndim):
+    """Bool (..., n_q, n_kv): the packed documents (the query's id equals the key's; ids
+    (n,) for the batch or (B, n) per element of dim 0) and the block mask, a whole-sequence
+    (..., ceil(Lq/Bq), ceil(Lk/Bk)) read at the global positions."""
+    same = q_ids[..., :, None] == kv_ids[..., None, :]
+    if same.ndim == 3:                          # per element of dim 0: (B, 1.., n_q, n_kv)
+        same = same.reshape(same.shape[:1] + (1,) * (ndim - 3) + same.shape[1:])
+    seen = jnp.take(jnp.take(blocks, q_pos // block_size[0], axis=-2),
+                    kv_pos // block_size[1], axis=-1)
+    return same & seen
+
+
 def _block(q, k, v, keep, scale, softcap):
     """(out, lse) of q over one key block, safe for rows the block leaves without keys
     (out 0, lse -inf) and for their gradients."""
@@ -85,34 +98,39 @@ def _merge(out, lse, block_out, block_lse):
 
 
 @functools.lru_cache(maxsize=64)
-def _program(world: int, vjp: bool, offset: int, causal, window, scale, softcap):
+def _program(world: int, vjp: bool, offset: int, causal, window, scale, softcap,
+             block_size: tuple, ndim: int):
     """The jitted ring for one world size and set of params (shapes retrace in jit)."""
     left, right = rules.window_sides(window)
     perm = [(i, (i + 1) % world) for i in range(world)]
     mesh = Mesh(np.array(jax.devices("cpu")[:world]), (RING,))
 
-    def step(q, q_pos, carry, _):
-        out, lse, k, v, kv_pos = carry
-        keep = _allowed(q_pos, kv_pos, offset, causal, left, right)
+    def step(q, q_pos, q_ids, blocks, carry, _):
+        out, lse, k, v, kv_pos, kv_ids = carry
+        keep = (_allowed(q_pos, kv_pos, offset, causal, left, right)
+                & _structure(q_ids, kv_ids, q_pos, kv_pos, blocks, block_size, ndim))
         out, lse = _merge(out, lse, *_block(q, k, v, keep, scale, softcap))
-        k, v, kv_pos = (jax.lax.ppermute(x, RING, perm) for x in (k, v, kv_pos))
-        return (out, lse, k, v, kv_pos), None
+        k, v, kv_pos, kv_ids = (jax.lax.ppermute(x, RING, perm)
+                                for x in (k, v, kv_pos, kv_ids))
+        return (out, lse, k, v, kv_pos, kv_ids), None
 
-    def rank(q, k, v, q_pos, kv_pos):               # this device's block: leading axis 1
-        q, k, v, q_pos, kv_pos = (x[0] for x in (q, k, v, q_pos, kv_pos))
+    def rank(q, k, v, q_pos, kv_pos, q_ids, kv_ids, blocks):  # this device's: leading axis 1
+        q, k, v, q_pos, kv_pos, q_ids, kv_ids = (x[0] for x in (q, k, v, q_pos, kv_pos,
+                                                               q_ids, kv_ids))
         zero = jnp.zeros_like(q[..., 0])            # varying over the ring, as the carry
         out, lse = zero[..., None] + jnp.zeros(v.shape[-1], q.dtype), zero - jnp.inf
-        (out, lse, *_), _ = jax.lax.scan(functools.partial(step, q, q_pos),
-                                         (out, lse, k, v, kv_pos), length=world)
+        (out, lse, *_), _ = jax.lax.scan(functools.partial(step, q, q_pos, q_ids, blocks),
+                                         (out, lse, k, v, kv_pos, kv_ids), length=world)
         return out[None], lse[None]
 
     spec = PartitionSpec(RING)
-    sharded = jax.shard_map(rank, mesh=mesh, in_specs=(spec,) * 5, out_specs=(spec, spec))
+    sharded = jax.shard_map(rank, mesh=mesh, in_specs=(spec,) * 7 + (PartitionSpec(),),
+                            out_specs=(spec, spec))
     if not vjp:
         return jax.jit(sharded)
 
-    def gradients(q, k, v, d_out, q_pos, kv_pos):
-        (out, lse), pull = jax.vjp(lambda *x: sharded(*x, q_pos, kv_pos), q, k, v)
+    def gradients(q, k, v, d_out, *places):
+        (out, lse), pull = jax.vjp(lambda *x: sharded(*x, *places), q, k, v)
         return pull((d_out, jnp.zeros_like(lse)))
     return jax.jit(gradients)
 
@@ -145,23 +163,31 @@ class JaxRingBackend:
         self.versions = {"jax": jax.__version__, "device": "cpu",
                          "host devices": str(len(jax.devices("cpu")))}
 
-    def sdpa(self, q, k, v, *, causal=None, scale=None, softcap=None, window=None, shard=None):
-        return self.sdpa_lse(q, k, v, causal=causal, scale=scale, softcap=softcap,
-                             window=window, shard=shard)[0]
+    def sdpa(self, q, k, v, *, causal=None, scale=None, softcap=None, window=None,
+             q_segment_ids=None, kv_segment_ids=None, block_mask=None, block_size=None,
+             shard=None):
+        program, places = self._ring(shard, q, k, causal, window, scale, softcap, False,
+                                     (q_segment_ids, kv_segment_ids, block_mask, block_size))
+        return self._result(program(*self._inputs(q, k, v), *places)[0], q)
 
     def sdpa_lse(self, q, k, v, *, causal=None, scale=None, softcap=None, window=None,
                  shard=None):
-        program, positions = self._ring(shard, q, causal, window, scale, softcap, vjp=False)
-        out, lse = program(*self._inputs(q, k, v), *positions)
+        program, places = self._ring(shard, q, k, causal, window, scale, softcap, False)
+        out, lse = program(*self._inputs(q, k, v), *places)
         return self._result(out, q), self._result(lse, q)
 
     def sdpa_vjp(self, q, k, v, d_out, *, causal=None, scale=None, softcap=None, window=None,
+                 q_segment_ids=None, kv_segment_ids=None, block_mask=None, block_size=None,
                  shard=None):
-        program, positions = self._ring(shard, q, causal, window, scale, softcap, vjp=True)
-        grads = program(*self._inputs(q, k, v, d_out), *positions)
+        program, places = self._ring(shard, q, k, causal, window, scale, softcap, True,
+                                     (q_segment_ids, kv_segment_ids, block_mask, block_size))
+        grads = program(*self._inputs(q, k, v, d_out), *places)
         return tuple(self._result(g, q) for g in grads)
 
-    def _ring(self, shard, q, causal, window, scale, softcap, vjp):
+    def _ring(self, shard, q, k, causal, window, scale, softcap, vjp,
+              structure=(None, None, None, None)):
+        """The jitted ring for this call and its sharded arguments: the positions, the
+        document ids (W, ..., n) of each rank's tokens, the whole block mask."""
         if shard is None:
             raise NotImplementedError("jax-ring computes sharded cases only (the jax backend "
                                       "certifies the single-device arithmetic)")
@@ -173,11 +199,17 @@ class JaxRingBackend:
         lq, lk = (sum(len(p) for p in shard[n]) for n in ("q_positions", "kv_positions"))
         scale = 1.0 / float(np.sqrt(q.shape[-1])) if scale is None else float(scale)
         window = None if window is None else tuple(window)
+        q_ids, kv_ids, blocks, block_size = structure
         program = _program(world, vjp, rules.causal_offset(lq, lk, causal), causal, window,
-                           scale, None if softcap is None else float(softcap))
-        positions = [jnp.asarray(np.asarray(shard[n], dtype=np.int32))
-                     for n in ("q_positions", "kv_positions")]
-        return program, positions
+                           scale, None if softcap is None else float(softcap),
+                           (lq, lk) if blocks is None else tuple(map(int, block_size)),
+                           max(q.ndim, k.ndim) - 1)     # the scores' rank on a device
+        positions = [np.asarray(shard[n], dtype=np.int32) for n in ("q_positions", "kv_positions")]
+        ids = [np.stack([np.take(np.asarray([0] * length if given is None else given,
+                                            dtype=np.int32), rows, axis=-1) for rows in side])
+               for given, length, side in ((q_ids, lq, positions[0]), (kv_ids, lk, positions[1]))]
+        blocks = np.ones((1, 1), dtype=bool) if blocks is None else np.asarray(blocks) != 0
+        return program, [jnp.asarray(a) for a in (*positions, *ids, blocks)]
 
     @staticmethod
     def _inputs(*arrays):

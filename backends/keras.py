@@ -1,7 +1,5 @@
-"""Keras 3's attention as backends, one per Keras backend: keras-torch and
-keras-tensorflow (keras-jax is not built in: jax.nn.dot_product_attention eager compiles
-each primitive per shape, hours for the quick spec on two cores, and jitted, float16 fails
-to compile on the CPU, past the fallback Keras takes eagerly).
+"""Keras 3's attention as backends, one per Keras backend: keras-torch, keras-tensorflow
+and keras-jax (jitted per shape, as Keras runs on JAX: see KerasJaxBackend).
 
 Keras picks its backend from ``KERAS_BACKEND`` when it is first imported, once per
 process: each of these backends sets it and imports Keras when it is built (the suite
@@ -16,15 +14,17 @@ Keras already runs on another backend.
   (``attn_logits_soft_cap`` is for JAX on TPU alone) and no sink: unsupported.
 - ``attention_weights``: the same call with ``V = identity(Lk)``.
 - ``sdpa_vjp``: the Keras backend's own gradient of that call (``torch.autograd.grad``,
-  ``tf.GradientTape``): Keras 3 has no backend-neutral gradient. The batch dims are
-  folded on the NumPy side, so the gradients of broadcast inputs are summed back there.
+  ``tf.GradientTape``, ``jax.vjp``): Keras 3 has no backend-neutral gradient. The batch
+  dims are folded on the NumPy side, so the gradients of broadcast inputs are summed back
+  there.
 
 Other ops are no attention function of Keras here: unsupported.
 
 float64: Keras's ``result_type`` maps 64-bit floats to 32-bit on torch, so
 ``dot_product_attention`` computes float64 inputs in float32 there: keras-torch leaves
-float64 out (``dtype_notes``). On TensorFlow float64 stays float64 (its default scale is
-computed in float32: an expected failure).
+float64 out (``dtype_notes``), as keras-jax does (JAX without jax_enable_x64). On
+TensorFlow float64 stays float64 (its default scale is computed in float32: an expected
+failure).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class _KerasBackend:
     def _tensor(self, a):
         return None if a is None else self.ops.convert_to_tensor(np.array(a, copy=True))
 
-    def _inputs(self, q, k, v, mask, bias, causal, window):
+    def _inputs(self, q, k, v, mask, bias, causal, window, scale):
         """(layout, q, k, v as Keras's (B, T, N, H) tensors, the call's keywords): the
         folding is done on the NumPy arrays, so every Keras backend gets plain 4-D
         tensors."""
@@ -107,24 +107,28 @@ class _KerasBackend:
         if not is_causal:
             mask = rules.and_masks(mask, rules.allowed(lq, lk, causal, window))
         return layout, (q, k, v), {"mask": self._tensor(mask), "is_causal": is_causal,
-                                   "bias": self._tensor(layout.scores(bias, np.broadcast_to))}
+                                   "bias": self._tensor(layout.scores(bias, np.broadcast_to)),
+                                   "scale": None if scale is None else float(scale)}
 
-    def _attend(self, q, k, v, *, scale, **keywords):
+    def _attend(self, q, k, v, **keywords):
         """keras.ops.dot_product_attention on (B, T, N, H) tensors."""
         try:
-            return self.ops.dot_product_attention(
-                q, k, v, scale=None if scale is None else float(scale), **keywords)
+            return self._dot_product_attention(q, k, v, **keywords)
         except ValueError as e:
             if "Only one of `bias` and `mask`" in str(e):
                 raise NotImplementedError(f"{self.name}: {e}") from None
             raise
 
+    def _dot_product_attention(self, q, k, v, **keywords):
+        return self.ops.dot_product_attention(q, k, v, **keywords)
+
     def _numpy(self, t):
         return np.array(self.ops.convert_to_numpy(t), copy=True)
 
-    def _restore(self, layout, t):
-        """A (B, T, N, H) result as the interface's (*batch, N, T, H)."""
-        return layout.restore(np.swapaxes(self._numpy(t), 1, 2))
+    def _restore(self, layout, t, width):
+        """A (B, T, N, H) result as the interface's (*batch, N, T, H), its first `width`
+        columns (the rest are the zero padding of KerasJaxBackend)."""
+        return layout.restore(np.swapaxes(self._numpy(t), 1, 2)[..., :width])
 
     # ------------------------------------------------------------ the interface
 
@@ -140,21 +144,20 @@ class _KerasBackend:
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
         self._check(q, softcap, sink)
-        layout, qkv, keywords = self._inputs(q, k, v, mask, bias, causal, window)
-        return self._restore(layout, self._attend(*qkv, scale=scale, **keywords))
+        layout, qkv, keywords = self._inputs(q, k, v, mask, bias, causal, window, scale)
+        return self._restore(layout, self._attend(*qkv, **keywords), np.shape(v)[-1])
 
     @rules.lengths_as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
                  scale=None, softcap=None, window=None):
         self._check(q, softcap, sink)
-        layout, qkv, keywords = self._inputs(q, k, v, mask, bias, causal, window)
+        layout, qkv, keywords = self._inputs(q, k, v, mask, bias, causal, window, scale)
         d_out = np.asarray(d_out)
         d_out = d_out.reshape((1,) * (3 - d_out.ndim) + d_out.shape)   # (..., H, Lq, Dv)
         d_out = np.broadcast_to(d_out, layout.batch + d_out.shape[-3:])
         d_out = self._tensor(np.swapaxes(d_out.reshape((layout.b,) + d_out.shape[-3:]), 1, 2))
-        grads = self._vjp(lambda *qkv: self._attend(*qkv, scale=scale, **keywords), qkv,
-                          d_out)
-        return tuple(_unbroadcast(self._restore(layout, g), np.shape(x))
+        grads = self._vjp(qkv, d_out, **keywords)
+        return tuple(_unbroadcast(self._restore(layout, g, np.shape(x)[-1]), np.shape(x))
                      for g, x in zip(grads, (q, k, v)))
 
 
@@ -192,10 +195,10 @@ class KerasTorchBackend(_KerasBackend):
          "policy": {"masked_key_nan": "per_row"}},
     ]
 
-    def _vjp(self, forward, leaves, d_out):
+    def _vjp(self, leaves, d_out, **call):
         torch = self.framework
         leaves = [t.detach().requires_grad_() for t in leaves]
-        return torch.autograd.grad(forward(*leaves), leaves, d_out)
+        return torch.autograd.grad(self._attend(*leaves, **call), leaves, d_out)
 
     def _numpy(self, t):
         return super()._numpy(t.detach())
@@ -217,10 +220,87 @@ class KerasTensorflowBackend(_KerasBackend):
         "padded_query_rows": "zeros",
     }
 
-    def _vjp(self, forward, leaves, d_out):
+    def _vjp(self, leaves, d_out, **call):
         tf = self.framework
         with tf.GradientTape() as tape:
             for t in leaves:
                 tape.watch(t)
-            out = forward(*leaves)
+            out = self._attend(*leaves, **call)
         return tape.gradient(out, list(leaves), output_gradients=d_out)
+
+
+class KerasJaxBackend(_KerasBackend):
+    """Keras 3 on JAX (KERAS_BACKEND=jax), jitted as a Keras user on JAX runs it (Keras's
+    own training and inference steps are jax.jit programs): one jax.jit of
+    dot_product_attention, and one of its jax.vjp, compiled once per shape and dtype.
+
+    Keras calls jax.nn.dot_product_attention, which takes Dv == Dk alone; for Dv != Dk
+    Keras falls back to its own implementation, which reshapes the output to the query's
+    shape and fails (a finding, reproduced in tests/backends/test_model_findings.py): the
+    narrower of q, k and v is zero-padded to one width here (exact: 0 * 0 terms in q . k
+    and zero columns of the output, dropped; with Dk widened the default scale
+    1/sqrt(Dk) is given, the float jax.nn computes from Dk)."""
+
+    name = "keras-jax"
+    keras_backend = "jax"
+    dtypes = frozenset({"float32", "float16", "bfloat16"})
+    dtype_notes = {"float64": "JAX runs without 64-bit types unless jax_enable_x64 is set "
+                              "(Keras does not set it): Keras converts float64 inputs to "
+                              "float32; with it, jax.nn.dot_product_attention still computes "
+                              "its softmax in float32"}
+    policy = {
+        # Keras calls jax.nn.dot_product_attention(implementation="xla"): masked logits
+        # get its finite fill (-0.7 * float32 max), as on the jax backend
+        "fully_masked_rows": "uniform",
+        "neg_inf_bias_rows": "nan",
+        "masked_key_nan": "ignored",
+        "masked_value_nan": "propagates",
+        "accumulation": "float32",
+        "padded_query_rows": "zeros",
+    }
+    paths = {
+        "attention_weights": "native: jax.jit(keras.ops.dot_product_attention) with "
+                             "V = identity(Lk)",
+        "sdpa": "native: jax.jit(keras.ops.dot_product_attention) (is_causal for top-left "
+                "causal; boolean masks for bottom-right causal, windows and lengths; Dv != "
+                "Dk zero-padded to one width)",
+        "sdpa_vjp": "native: jax.jit of jax.vjp of keras.ops.dot_product_attention",
+    }
+
+    def __init__(self):
+        super().__init__()
+        jax, ops = self.framework, self.ops
+        static = ("scale", "is_causal")
+
+        def attend(q, k, v, mask, bias, *, scale, is_causal):
+            return ops.dot_product_attention(q, k, v, mask=mask, bias=bias, scale=scale,
+                                             is_causal=is_causal)
+
+        def grads(q, k, v, mask, bias, d_out, *, scale, is_causal):
+            out, pullback = jax.vjp(lambda *qkv: attend(*qkv, mask, bias, scale=scale,
+                                                        is_causal=is_causal), q, k, v)
+            wider = out.shape[-1] - d_out.shape[-1]          # v's zero padding
+            return pullback(jax.numpy.pad(d_out, ((0, 0),) * 3 + ((0, wider),))
+                            .astype(out.dtype))
+
+        self._jitted = jax.jit(attend, static_argnames=static)
+        self._jitted_grads = jax.jit(grads, static_argnames=static)
+
+    def _inputs(self, q, k, v, mask, bias, causal, window, scale):
+        dk, width = np.shape(q)[-1], max(np.shape(q)[-1], np.shape(v)[-1])
+        if scale is None and dk < width:
+            scale = 1.0 / np.sqrt(dk)
+        q, k, v = (_widen(np.asarray(x), width) for x in (q, k, v))
+        return super()._inputs(q, k, v, mask, bias, causal, window, scale)
+
+    def _dot_product_attention(self, q, k, v, *, mask, bias, **static):
+        return self._jitted(q, k, v, mask, bias, **static)
+
+    def _vjp(self, leaves, d_out, *, mask, bias, **static):
+        return self._jitted_grads(*leaves, mask, bias, d_out, **static)
+
+
+def _widen(x, width):
+    """x zero-padded on its last dim to `width` columns."""
+    pad = width - x.shape[-1]
+    return x if pad == 0 else np.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, pad),))

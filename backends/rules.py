@@ -26,6 +26,8 @@ Functions and classes:
   packed documents (``q_segment_ids``, ``kv_segment_ids``) and block-sparse masks
   (``block_mask``, ``block_size``) as one boolean mask, for a framework without them
   (``lengths_as_mask`` folds them in too);
+- ``shard_allowed``: in a sharded call, which of a rank's queries may see which keys of
+  another rank's block (causal, window, documents and block mask on global positions);
 - ``Layout``: broadcast batch dims flattened into one, grouped-query heads, and back;
 - ``key_range``: the keys a block of queries may see (a blocked kernel skips the rest);
 - ``memory_bytes``, ``check_size``, ``sized``: refuse, with the reason, a call whose score
@@ -225,6 +227,29 @@ def block_mask_dense(block_mask, block_size, lq: int, lk: int):
     blocks = np.asarray(block_mask) != 0
     dense = np.repeat(np.repeat(blocks, size_q, axis=-2), size_k, axis=-1)
     return dense[..., :lq, :lk]
+
+
+def shard_allowed(shard: dict, source: int, ndim: int, *, rank=None, causal=None,
+                  window=None, q_segment_ids=None, kv_segment_ids=None, block_mask=None,
+                  block_size=None):
+    """In a sharded call (docs/interface.md, "Sharded cases"): bool (..., n_q, n_kv),
+    broadcastable to scores of ``ndim`` dims, where query ``q_positions[rank][i]`` may see
+    key ``kv_positions[source][j]``: causal and window on those global positions, the
+    whole sequence's document ids and block mask read at them. None when nothing masks."""
+    q_pos, kv_pos = (np.asarray(shard[n][r], dtype=np.int64) for n, r in
+                     (("q_positions", shard["rank"] if rank is None else rank),
+                      ("kv_positions", source)))
+    keep = None
+    if causal is not None or window is not None:
+        lq, lk = (sum(len(p) for p in shard[n]) for n in ("q_positions", "kv_positions"))
+        keep = allowed(lq, lk, causal, window)[np.ix_(q_pos, kv_pos)]
+    documents = None if q_segment_ids is None and kv_segment_ids is None else segment_mask(
+        *(None if ids is None else np.take(np.asarray(ids), pos, axis=-1)
+          for ids, pos in ((q_segment_ids, q_pos), (kv_segment_ids, kv_pos))), ndim)
+    blocks = None if block_mask is None else np.take(
+        np.take(np.asarray(block_mask) != 0, q_pos // block_size[0], axis=-2),
+        kv_pos // block_size[1], axis=-1)
+    return and_masks(keep, documents, blocks)
 
 
 def structure_mask(mask, q_shape, k_shape, *, q_segment_ids=None, kv_segment_ids=None,

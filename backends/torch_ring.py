@@ -5,7 +5,9 @@ queries and keys at the global positions ``shard["q_positions"][rank]`` and
 ``shard["kv_positions"][rank]``). Over W steps the key/value blocks travel around the
 ring (``torch.distributed.batch_isend_irecv`` to rank + 1, from rank - 1); at each step a
 rank attends its queries to the block it holds with the torch backend's own sdpa_lse
-(its composed kernel on tensors, the mask of the block from the global positions), skips
+(its composed kernel on tensors, the mask of the block from the global positions: causal,
+window, and the packed documents' ids and the block mask, which every rank receives for
+the whole sequence and reads at those positions, rules.shard_allowed), skips
 a block no query of its may see, and merges the block's partial state into its own
 through their log-sum-exp. The backward pass travels the ring again: each block's
 gradients follow from the block's sdpa_lse by autograd, weighted by the block's share of
@@ -75,27 +77,35 @@ class TorchRingBackend:
         torch.autograd.grad((out, lse), leaves, (torch.ones_like(out), torch.ones_like(lse)))
 
     # ------------------------------------------------------------------ the interface
-    def sdpa(self, q, k, v, *, causal=None, scale=None, softcap=None, window=None, shard=None):
-        return self.sdpa_lse(q, k, v, causal=causal, scale=scale, softcap=softcap,
-                             window=window, shard=shard)[0]
+    def sdpa(self, q, k, v, *, causal=None, scale=None, softcap=None, window=None,
+             q_segment_ids=None, kv_segment_ids=None, block_mask=None, block_size=None,
+             shard=None):
+        ring = self._ring(shard, q, k, causal, window, q_segment_ids=q_segment_ids,
+                          kv_segment_ids=kv_segment_ids, block_mask=block_mask,
+                          block_size=block_size)
+        return self._numpy(self._forward(ring, *self._tensors(q, k, v), scale, softcap)[0], q)
 
     def sdpa_lse(self, q, k, v, *, causal=None, scale=None, softcap=None, window=None,
                  shard=None):
         ring = self._ring(shard, q, k, causal, window)
-        tq, tk, tv = (self._tensor(a) for a in (q, k, v))
-        out, lse = self._forward(ring, tq, tk, tv, scale, softcap)
+        out, lse = self._forward(ring, *self._tensors(q, k, v), scale, softcap)
         return self._numpy(out, q), self._numpy(lse, q)
 
     def sdpa_vjp(self, q, k, v, d_out, *, causal=None, scale=None, softcap=None, window=None,
+                 q_segment_ids=None, kv_segment_ids=None, block_mask=None, block_size=None,
                  shard=None):
-        ring = self._ring(shard, q, k, causal, window)
-        tq, tk, tv, tdo = (self._tensor(a) for a in (q, k, v, d_out))
+        ring = self._ring(shard, q, k, causal, window, q_segment_ids=q_segment_ids,
+                          kv_segment_ids=kv_segment_ids, block_mask=block_mask,
+                          block_size=block_size)
+        tq, tk, tv, tdo = self._tensors(q, k, v, d_out)
         out, lse = self._forward(ring, tq, tk, tv, scale, softcap)
         grads = self._backward(ring, tq, tk, tv, tdo, out, lse, scale, softcap)
         return tuple(self._numpy(g, q) for g in grads)
 
     # ------------------------------------------------------------------ the ring
-    def _ring(self, shard, q, k, causal, window) -> dict:
+    def _ring(self, shard, q, k, causal, window, **structure) -> dict:
+        """The call's place in the ring; `structure` holds the documents and the block
+        mask, whole-sequence params read at the global positions (rules.shard_allowed)."""
         if shard is None:
             raise NotImplementedError("torch-ring computes sharded cases only (the torch "
                                       "backend certifies the single-device arithmetic)")
@@ -106,21 +116,23 @@ class TorchRingBackend:
         lq = sum(len(p) for p in shard["q_positions"])
         lk = sum(len(p) for p in shard["kv_positions"])
         return {"rank": rank, "world": world, "shard": shard, "lq": lq, "lk": lk,
-                "causal": causal, "window": window}
+                "causal": causal, "window": window, "ndim": max(q.ndim, k.ndim),
+                "structure": {n: a for n, a in structure.items() if a is not None}}
 
     def _visits(self, ring) -> list[int]:
         """The ranks whose key/value block this rank holds at each step, in order."""
         return [(ring["rank"] - step) % ring["world"] for step in range(ring["world"])]
 
     def _allowed(self, ring, source: int) -> np.ndarray:
-        """Bool (n_q, n_kv): which of this rank's queries may see which keys of `source`'s
-        block, from their global positions (rules.allowed on the whole sequence)."""
-        q_pos = np.asarray(ring["shard"]["q_positions"][ring["rank"]])
-        kv_pos = np.asarray(ring["shard"]["kv_positions"][source])
-        whole = rules.allowed(ring["lq"], ring["lk"], ring["causal"], ring["window"])
-        if whole is None:
-            return np.ones((len(q_pos), len(kv_pos)), dtype=bool)
-        return whole[np.ix_(q_pos, kv_pos)]
+        """Bool (..., n_q, n_kv), broadcastable to the block's scores: which of this rank's
+        queries may see which keys of `source`'s block, from their global positions."""
+        shard = ring["shard"]
+        keep = rules.shard_allowed(shard, source, ring["ndim"], causal=ring["causal"],
+                                   window=ring["window"], **ring["structure"])
+        if keep is None:
+            return np.ones((len(shard["q_positions"][ring["rank"]]),
+                            len(shard["kv_positions"][source])), dtype=bool)
+        return keep
 
     def _skips(self, ring, source: int, allowed: np.ndarray) -> bool:
         """Whether the block is skipped: no query of this rank may see any of its keys."""
@@ -179,7 +191,7 @@ class TorchRingBackend:
         dlse_b = w (rowsum(dO * O_b) - rowsum(dO * O)). A row that sees no key of the block
         sees all of them here, with upstream 0 (no NaN from an empty logsumexp)."""
         seen = torch.from_numpy(allowed.any(-1))
-        mask = torch.from_numpy(allowed) | ~seen[:, None]
+        mask = torch.from_numpy(allowed) | ~seen[..., None]
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         with torch.enable_grad():
             block_out, block_lse = self.block_lse(*leaves, mask=mask, scale=scale,
@@ -192,9 +204,11 @@ class TorchRingBackend:
         return torch.autograd.grad((block_out, block_lse), leaves, upstream)
 
     # ------------------------------------------------------------------ conversion
-    def _tensor(self, a) -> torch.Tensor:
-        t = _to_torch(a)
-        return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+    def _tensors(self, *arrays) -> list[torch.Tensor]:
+        """Torch tensors of the inputs, half precision widened to float32."""
+        tensors = [_to_torch(a) for a in arrays]
+        return [t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+                for t in tensors]
 
     @staticmethod
     def _numpy(t: torch.Tensor, like: np.ndarray) -> np.ndarray:

@@ -27,10 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import render
-from measure import (HERE, ROOT, TOX_ENV, Tree, commit_of, items_of, machine,
+# one OpenBLAS thread in this process as in every run it times (tox.ini's setting): set
+# before anything imports NumPy (recording does), else OpenBLAS's idle threads spin
+# after each product and scale.py's CPU seconds count them
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import render  # noqa: E402
+from measure import (HERE, ROOT, TOX_ENV, Tree, commit_of, items_of, machine,  # noqa: E402
                      pytest_counts, tail, timed)
-from recording import floor_of
+from recording import floor_of  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -117,17 +122,20 @@ def suite(repeat: int, scratch: Path) -> dict:
 
 
 def paired(base: Tree, head: Tree, backends: list[str], repeat: int) -> dict:
-    """Each backend's quick run on both trees, alternating."""
+    """Each backend's quick run on both trees, alternating: wall and CPU seconds (of the
+    run's processes that ended: resource.RUSAGE_CHILDREN)."""
     trees = {"base": base, "head": head}
     figures = {name: {"label": tree.label, "commit": tree.commit} for name, tree in trees.items()}
     figures.update(repeat=repeat, backends={})
     for backend in backends:
         items = [items_in(tree.certify(backend)) for tree in trees.values()]   # warms both
-        walls = {"base": [], "head": []}
+        walls, cpu = {"base": [], "head": []}, {"base": [], "head": []}
         for name, tree in alternating(trees, repeat):
             log(f"paired {backend}: {name} {len(walls[name]) + 1}/{repeat}")
-            walls[name].append(tree.certify(backend).wall)
-        figures["backends"][backend] = {**walls, "items": items}
+            run = tree.certify(backend)
+            walls[name].append(run.wall)
+            cpu[name].append(run.cpu)
+        figures["backends"][backend] = {**walls, "cpu": cpu, "items": items}
     return figures
 
 

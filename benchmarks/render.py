@@ -77,8 +77,14 @@ def matrix_line(f: dict) -> str:
 
 def paired_line(f: dict) -> str:
     return "; ".join(f"{name} x{median(b['head']) / median(b['base']):.3f} "
-                     f"({seconds(b['base'])} → {seconds(b['head'])} s)"
+                     f"({seconds(b['base'])} → {seconds(b['head'])} s{_cpu_ratio(b)})"
                      for name, b in f["backends"].items()) + " (head / base)"
+
+
+def _cpu_ratio(b: dict) -> str:
+    """`, CPU x1.002` where the runs' CPU seconds were kept (results before them: '')."""
+    cpu = b.get("cpu")
+    return f", CPU x{median(cpu['head']) / median(cpu['base']):.3f}" if cpu else ""
 
 
 def scale_line(f: dict) -> str:
@@ -87,11 +93,12 @@ def scale_line(f: dict) -> str:
     for test in run["tests"].values():
         counts[test["status"]] = counts.get(test["status"], 0) + 1
     matmul = max(ref["matmul_gflops"])
-    return (f"{f['reference_backend']} --profile scale: {run['wall']:.0f} s wall, peak "
-            f"{run['peak_memory_gb']:.1f} GB ({', '.join(f'{n} {s}' for s, n in counts.items())});"
-            f" golden {ref['share']:.0%} of it; float64 reference {ref['long_profile_gflops']}"
-            f" GFLOP/s on the long cases, float64 matmul {matmul} GFLOP/s "
-            f"(x{matmul / ref['long_profile_gflops']:.1f})")
+    return (f"{f['reference_backend']} --profile scale: {run['wall']:.0f} s wall, "
+            f"{run['cpu']:.0f} CPU s, peak {run['peak_memory_gb']:.1f} GB "
+            f"({', '.join(f'{n} {s}' for s, n in counts.items())}); golden "
+            f"{ref['cpu_share']:.0%} of its CPU seconds; float64 reference "
+            f"{ref['long_profile_gflops']} GFLOP per CPU second on the long cases, float64 "
+            f"matmul {matmul} (x{matmul / ref['long_profile_gflops']:.1f})")
 
 
 HEADLINES = {"overhead": overhead_line, "floors": floors_line, "suite": suite_line,
@@ -149,20 +156,23 @@ def paired_body(f: dict) -> list[str]:
 def scale_body(f: dict) -> list[str]:
     ref = f["reference"]
     out = [f"Golden data ({f['reference_backend']}'s passing tests, computed again after the "
-           f"run): {ref['seconds']:.1f} s, {ref['share']:.1%} of the run's wall; the float64 "
-           f"reference {ref['exact_gflops']} GFLOP/s, the plain same-dtype pass "
-           f"{ref['plain_gflops']} GFLOP/s, on {ref['threads']} threads. The long profile's "
-           f"sdpa cases (every row): the float64 reference {ref['long_profile_gflops']} "
-           f"GFLOP/s. float64 matmul on as many threads, before and after: "
-           f"{ref['matmul_gflops'][0]} and {ref['matmul_gflops'][1]} GFLOP/s.", ""]
+           f"run): {ref['cpu_seconds']:.1f} CPU s, {ref['cpu_share']:.1%} of the run's CPU "
+           f"seconds ({ref['seconds']:.1f} s, {ref['share']:.1%} of its wall); the float64 "
+           f"reference {ref['exact_gflops']} GFLOP per CPU second, the plain same-dtype pass "
+           f"{ref['plain_gflops']}, on {ref['threads']} threads. The long profile's sdpa "
+           f"cases (every row): the float64 reference {ref['long_profile_gflops']} GFLOP per "
+           f"CPU second ({ref['long_profile_gflops_wall']} per wall second). float64 matmul "
+           f"on as many threads, before and after: {ref['matmul_gflops'][0]} and "
+           f"{ref['matmul_gflops'][1]} GFLOP per CPU second ({ref['matmul_gflops_wall'][0]} "
+           f"and {ref['matmul_gflops_wall'][1]} per wall second).", ""]
     for name, run in f["backends"].items():
-        out += [f"**{name}**: {run['wall']:.0f} s wall, peak {run['peak_memory_gb']:.2f} GB of "
-                f"every process of the run together, load average at its end "
-                f"{', '.join(map(str, run['load_average']))}.", "",
-                "| test | status | seconds | golden s | why |", "|---|---|---:|---:|---|"]
+        out += [f"**{name}**: {run['wall']:.0f} s wall, {run['cpu']:.0f} CPU s of every "
+                f"process of the run, peak {run['peak_memory_gb']:.2f} GB of them together, "
+                f"load average at its end {', '.join(map(str, run['load_average']))}.", "",
+                "| test | status | seconds | golden CPU s | why |", "|---|---|---:|---:|---|"]
         for test, t in run["tests"].items():
-            golden = ref["tests"].get(test, {}).get("seconds") if name == f["reference_backend"] \
-                else None
+            golden = ref["tests"].get(test, {}).get("cpu_seconds") \
+                if name == f["reference_backend"] else None
             out.append(f"| `{test}` | {t['status']} | {t['seconds']:.1f} | "
                        f"{'–' if golden is None else format(golden, '.1f')} | "
                        f"{t['why'].replace('|', '/')} |")

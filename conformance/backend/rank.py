@@ -72,7 +72,13 @@ def main(job: Job, method, args, keywords, answer) -> None:
 
 
 def _join(job: Job) -> None:
+    import torch
     import torch.distributed as dist
+
+    # OpenMP's worker threads do not survive a fork: a rank forked after its backend's
+    # process computed on several threads would wait for them forever in its first
+    # parallel region. One intra-op thread per rank (W ranks share the machine anyway).
+    torch.set_num_threads(1)
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     serves = job.rank == 0

@@ -13,7 +13,10 @@ same tolerance); `sharding` says only how its sequence is split over the ranks:
   every rank the same number of them.
 
 The queries (q, d_out; the rows of out, lse, dq) are split by their positions over Lq,
-the keys (k, v; the rows of dk, dv) by theirs over Lk. NumPy only: the suite's side.
+the keys (k, v; the rows of dk, dv) by theirs over Lk. The params are not split: causal
+and window, the packed documents' ids and the block mask keep their meaning on the whole
+sequence, and every rank receives them whole (it reads them at its global positions).
+NumPy only: the suite's side.
 """
 
 from __future__ import annotations
@@ -110,8 +113,7 @@ def case_problems(op: str, shapes: dict, params: dict) -> list[str]:
     problems = [f"a sharded case takes no {name} (its key axis would be split too)"
                 for name in UNSHARDABLE if name in shapes]
     problems += [f"a sharded case takes no {name} (its distributed form is not specified)"
-                 for name in ("q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids",
-                              "block_mask", "block_size") if name in params]
+                 for name in ("q_lengths", "kv_lengths") if name in params]
     sharding = Sharding.of(params["sharding"])
     for side, name in (("q", "q"), ("kv", "k")):
         if name in shapes:

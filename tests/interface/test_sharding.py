@@ -88,3 +88,36 @@ def test_spmd_outputs_not_stacked_fail_and_no_form_is_unsupported():
         InProcess(Unstacked()).call("sdpa_lse", _arrays(), params)
     with pytest.raises(Unsupported, match="declares no distributed form"):
         InProcess(load_backend("numpy")).call("sdpa_lse", _arrays(), params)
+
+
+def test_documents_and_block_masks_shard_and_lengths_do_not():
+    shapes = {"q": (1, 2, 8, 4), "k": (1, 2, 8, 4), "v": (1, 2, 8, 4)}
+    structure = {"q_segment_ids": [0] * 3 + [1] * 5, "kv_segment_ids": [0] * 3 + [1] * 5,
+                 "block_mask": [[1, 0], [1, 1]], "block_size": [4, 4]}
+    assert case_problems("sdpa", shapes, {"sharding": {"world_size": 2}, **structure}) == []
+    assert case_problems("sdpa", shapes, {"sharding": {"world_size": 2}, "q_lengths": [8]}) == \
+        ["a sharded case takes no q_lengths (its distributed form is not specified)"]
+
+
+@pytest.mark.parametrize("param", [{"world_size": 2}, {"world_size": 4, "scheme": "zigzag"},
+                                   {"world_size": 2, "positions": [[0, 1, 6, 7], [2, 3, 4, 5]]}])
+def test_shard_allowed_is_the_whole_mask_read_at_global_positions(param):
+    from attention_conformance.backends import rules
+
+    ids = [[0, 0, 0, 1, 1, 1, 1, 2], [0, 1, 1, 1, 1, 1, 2, 2]]
+    blocks = [[[1, 0, 0, 0], [1, 1, 0, 1], [0, 1, 1, 0], [1, 0, 1, 1]]]     # (1, 4, 4): heads
+    params = {"q_segment_ids": ids, "kv_segment_ids": ids, "block_mask": blocks,
+              "block_size": [2, 2]}
+    whole = rules.and_masks(rules.allowed(8, 8, "top_left", [3, 0]),
+                            rules.structure_mask(None, (2, 1, 8, 4), (2, 1, 8, 4), **params))
+    places = {s: Sharding.of(param).split(8, s) for s in ("q", "kv")}
+    shard = {"rank": None, "world_size": param["world_size"],
+             "q_positions": [p.tolist() for p in places["q"]],
+             "kv_positions": [p.tolist() for p in places["kv"]]}
+    for rank in range(param["world_size"]):
+        for source in range(param["world_size"]):
+            got = rules.shard_allowed(shard, source, 4, rank=rank, causal="top_left",
+                                      window=[3, 0], **params)
+            rows, cols = places["q"][rank], places["kv"][source]
+            assert np.array_equal(np.broadcast_to(got, (2, 1, len(rows), len(cols))),
+                                  whole[..., rows[:, None], cols[None, :]])

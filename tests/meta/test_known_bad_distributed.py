@@ -23,9 +23,10 @@ from _ring_tests import slow_ring  # noqa: E402
 from attention_conformance.golden.store import GoldenStore  # noqa: E402
 from _real_spec import real_spec  # noqa: E402
 
-#: the five bugs of issue 40, each a file
+#: the five bugs of issue 40, and two of packed documents and block masks: each a file
 BUGS = {"diagonal_block_twice", "zigzag_local_causal_skip", "lse_merge_wrong_base",
-        "masked_chunk_drops_state", "kv_grads_not_reduced"}
+        "masked_chunk_drops_state", "kv_grads_not_reduced", "document_ids_left_behind",
+        "block_mask_local_rows"}
 
 
 def _documented() -> dict:

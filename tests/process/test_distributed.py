@@ -96,3 +96,29 @@ def test_a_backend_without_a_distributed_form_is_unsupported():
     backend = InProcess(load_backend("numpy"))
     with pytest.raises(Unsupported, match="declares no distributed form"):
         _call(backend)
+
+
+THREADED_PARENT = """
+import numpy as np, torch
+from attention_conformance.backend.in_process import InProcess
+from attention_conformance.backend.resolve import load_backend
+torch.set_num_threads(2)
+torch.ones(256, 256, dtype=torch.float64) @ torch.ones(256, 256, dtype=torch.float64)
+backend = InProcess(load_backend("torch-ring"))
+q = np.random.default_rng(0).normal(size=(1, 2, 8, 4))
+out, lse = backend.call("sdpa_lse", {"q": q, "k": q.copy(), "v": q.copy()},
+                        {"causal": "top_left", "sharding": {"world_size": 2}})
+print("answered", out.shape)
+"""
+
+
+@slow_ring
+def test_ranks_forked_from_a_process_that_computed_on_several_threads_answer():
+    """OpenMP's worker threads do not survive the fork: without one thread per rank
+    (rank.py), a rank waits for them forever in its first parallel region."""
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-c", THREADED_PARENT], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0 and "answered (1, 2, 8, 4)" in done.stdout, done.stderr[-2000:]

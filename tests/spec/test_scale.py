@@ -46,7 +46,9 @@ def test_the_sampled_rows_are_the_boundaries_and_a_seeded_sample():
     assert {63, 64, 127, 128, 65535, 65536, 65537} <= set(rows)
     assert len(rows) < 80 and np.array_equal(rows, sampled.sampled_rows(131072, seed=5))
     assert not np.array_equal(rows, sampled.sampled_rows(131072, seed=6))
-    assert list(sampled.sampled_rows(16, seed=1)) == list(range(16))
+    assert list(sampled.sampled_rows(4, seed=1)) == list(range(4))
+    decode = sampled.sampled_rows(64, seed=1)          # a few queries: a quarter drawn
+    assert {0, 63} <= set(decode) and len(decode) <= 2 + 16
     assert f"{len(rows)} sampled query rows of 131,072 (0, " in sampled.describe_rows(rows, 131072)
 
 

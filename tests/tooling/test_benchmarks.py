@@ -125,19 +125,20 @@ class FakeTree:
 
     def certify(self, backend):
         self.runs += 1
-        return measure.Run(self.wall, 0.0, 0, "3 passed, 1 xfailed in 1.00s\n")
+        return measure.Run(self.wall, self.wall / 2, 0, "3 passed, 1 xfailed in 1.00s\n")
 
 
-def test_paired_gives_each_trees_walls_and_the_ratio():
+def test_paired_gives_each_trees_walls_cpu_and_the_ratio():
     base, head = FakeTree("main", 2.0), FakeTree(".", 2.1)
     figures = bench.paired(base, head, ["numpy", "torch"], 3)
     assert base.runs == head.runs == 2 * (1 + 3)          # one warm-up run each, not counted
     assert figures["backends"]["numpy"] == {"base": [2.0] * 3, "head": [2.1] * 3,
+                                            "cpu": {"base": [1.0] * 3, "head": [1.05] * 3},
                                             "items": [4, 4]}
     assert figures["base"] == {"label": "main", "commit": "main"} and figures["repeat"] == 3
     line = render.headline(record("paired", figures))
-    assert line == ("numpy x1.050 (2.00 → 2.10 s); torch x1.050 (2.00 → 2.10 s) "
-                    "(head / base)"), line
+    assert line == ("numpy x1.050 (2.00 → 2.10 s, CPU x1.050); torch x1.050 (2.00 → 2.10 s, "
+                    "CPU x1.050) (head / base)"), line
 
 
 def test_a_tree_imports_its_own_code_wherever_the_package_is_installed(tmp_path):
@@ -228,35 +229,42 @@ def test_the_figures_on_the_docs_page_are_the_results_files():
     assert render.figures_table(render.records()) in page
 
 
-def test_the_scale_page_gives_the_wall_the_memory_and_the_goldens_share():
+def test_the_scale_page_gives_the_wall_the_cpu_the_memory_and_the_goldens_share():
     tests = {"scale/a[float32]": {"status": "pass", "seconds": 30.0, "why": ""},
              "scale/b[float16]": {"status": "unsupported", "seconds": 0.1,
                                   "why": "unsupported by size: case b needs 64 GB"}}
-    run = {"wall": 600.0, "peak_memory_gb": 3.2, "rc": 0, "load_average": [1.0, 1.0, 1.0],
-           "tests": tests, "tail": ""}
-    reference = {"seconds": 60.0, "share": 0.1, "exact_gflops": 4.0, "plain_gflops": 2.0,
-                 "long_profile_gflops": 5.0, "matmul_gflops": [10.0, 12.0], "threads": 2,
-                 "tests": {"scale/a[float32]": {"seconds": 6.0}}}
+    run = {"wall": 600.0, "cpu": 400.0, "peak_memory_gb": 3.2, "rc": 0,
+           "load_average": [1.0, 1.0, 1.0], "tests": tests, "tail": ""}
+    reference = {"seconds": 60.0, "share": 0.1, "cpu_seconds": 40.0, "cpu_share": 0.1,
+                 "exact_gflops": 4.0, "plain_gflops": 2.0, "long_profile_gflops": 5.0,
+                 "long_profile_gflops_wall": 2.0, "matmul_gflops": [10.0, 12.0],
+                 "matmul_gflops_wall": [4.0, 5.0], "threads": 2,
+                 "tests": {"scale/a[float32]": {"seconds": 9.0, "cpu_seconds": 6.0}}}
     page = render.page(record("scale", {"reference_backend": "numpy", "backends": {"numpy": run},
                                         "reference": reference}))
-    assert ("**numpy --profile scale: 600 s wall, peak 3.2 GB (1 pass, 1 unsupported); golden "
-            "10% of it; float64 reference 5.0 GFLOP/s on the long cases, float64 matmul 12.0 "
-            "GFLOP/s (x2.4)**") in page
+    assert ("**numpy --profile scale: 600 s wall, 400 CPU s, peak 3.2 GB (1 pass, 1 "
+            "unsupported); golden 10% of its CPU seconds; float64 reference 5.0 GFLOP per CPU "
+            "second on the long cases, float64 matmul 12.0 (x2.4)**") in page
     assert "| `scale/a[float32]` | pass | 30.0 | 6.0 |  |" in page
     assert "| `scale/b[float16]` | unsupported | 0.1 | – | unsupported by size: case b" in page
 
 
-def test_the_scale_benchmark_sums_the_memory_of_a_whole_process_tree():
+def test_the_scale_benchmark_sums_the_memory_and_reads_the_cpu_of_a_whole_process_tree():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import scale
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(60_000_000); "
-                              "b[::4096] = b'x' * len(b[::4096]); time.sleep(5)"])
+                              "b[::4096] = b'x' * len(b[::4096]); "
+                              "t = time.process_time() + 0.3\nwhile time.process_time() < t: "
+                              "pass\ntime.sleep(5)"])
     try:
         time.sleep(1.5)
+        while scale.tree_usage(child.pid)[1].get(child.pid, 0) < 0.3 and child.poll() is None:
+            time.sleep(0.2)         # a loaded machine: the child's 0.3 CPU s take longer
         assert scale.tree_rss(os.getpid()) > scale.tree_rss(child.pid) > 60_000_000
+        assert scale.tree_usage(os.getpid())[1][child.pid] >= 0.3
     finally:
         child.kill()
         child.wait()

@@ -16,7 +16,7 @@ class ZigzagLocalCausalSkip(TorchRingBackend):
     name = "bad-zigzag-local-causal-skip"
 
     def _skips(self, ring, source, allowed):
-        n_q, n_kv = allowed.shape
+        n_q, n_kv = allowed.shape[-2:]
         whole = rules.allowed(ring["lq"], ring["lk"], ring["causal"], ring["window"])
         if whole is None:
             return False
