@@ -243,11 +243,16 @@ class KerasJaxBackend(_KerasBackend):
 
     name = "keras-jax"
     keras_backend = "jax"
-    dtypes = frozenset({"float32", "float16", "bfloat16"})
+    dtypes = frozenset({"float32", "bfloat16"})
     dtype_notes = {"float64": "JAX runs without 64-bit types unless jax_enable_x64 is set "
                               "(Keras does not set it): Keras converts float64 inputs to "
                               "float32; with it, jax.nn.dot_product_attention still computes "
-                              "its softmax in float32"}
+                              "its softmax in float32",
+                   "float16": "jitted, float16 cannot be lowered on the CPU: "
+                              "jax.nn.dot_product_attention asks dot_general for precision "
+                              "F16_F16_F32, which XLA's CPU backend refuses when the program "
+                              "is lowered, past the fallbacks of jax and Keras (try/except "
+                              "around the call, which catch it only eagerly)"}
     policy = {
         # Keras calls jax.nn.dot_product_attention(implementation="xla"): masked logits
         # get its finite fill (-0.7 * float32 max), as on the jax backend

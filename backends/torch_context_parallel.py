@@ -105,17 +105,20 @@ class TorchContextParallelBackend(CudaAdapter):
         return tuple(self._numpy(r[:, :, own[i]], q) for i, r in enumerate(results))
 
     def _gather(self, a, shard, positions):
-        """This rank's shard and every other's, the rows at their global positions (a
-        float32 CPU tensor)."""
+        """This rank's shard and every other's, the rows at their global positions (a CPU
+        tensor of the input dtype; float32 for half precision, which gloo may not carry)."""
         import torch
         import torch.distributed as dist
 
         from .torch import _to_torch
 
-        mine = _to_torch(a).float().contiguous()
+        mine = _to_torch(a).contiguous()
+        if mine.dtype in (torch.float16, torch.bfloat16):
+            mine = mine.float()
         parts = [torch.empty_like(mine) for _ in range(shard["world_size"])]
         dist.all_gather(parts, mine)
-        whole = torch.empty(*mine.shape[:-2], sum(p.shape[-2] for p in parts), mine.shape[-1])
+        whole = torch.empty(*mine.shape[:-2], sum(p.shape[-2] for p in parts), mine.shape[-1],
+                            dtype=mine.dtype)
         for rows, part in zip(shard[positions], parts):
             whole[..., rows, :] = part
         return whole

@@ -7,7 +7,8 @@ lse for FlashInfer, a natural one for vLLM), and the adapters are certified on t
 over them (tests/backends/test_gpu_adapters.py): what fails is the adapter's conversion
 (packing, layouts, block tables, masks, lse shapes), not the library's arithmetic, which
 only a GPU run (scripts/gpu_certify.sh) certifies. Where a library documents nothing (an
-empty state in a merge) the stand-in does what the spec says.
+empty state in a merge) the stand-in does what the spec says. The torch-context-parallel
+adapter runs with plain SDPA in place of context_parallel (ContextParallelOnCpu).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from attention_conformance.backends import rules
 from attention_conformance.backends.flashinfer import FlashinferBackend
+from attention_conformance.backends.torch_context_parallel import TorchContextParallelBackend
 from attention_conformance.backends.vllm_flash import VllmFlashBackend
 
 LN2 = math.log(2.0)
@@ -222,3 +224,33 @@ class VllmFlashOnCpu(VllmFlashBackend):
         self.varlen, self.merge, self.fa_version = _varlen, _merge_attn_states, 2
         self.versions = {"device": "cpu", "vllm": "stand-in"}
 
+
+
+# ---------------------------------------------------------------- torch context parallel
+
+
+class ContextParallelOnCpu(TorchContextParallelBackend):
+    """The torch-context-parallel adapter with its CUDA part (context_parallel itself)
+    replaced by torch's SDPA over the whole gathered sequence on the CPU: what runs is the
+    adapter's own part, each rank's shards gathered over the suite's group, put at their
+    global positions, and its rows (and dK, dV) given back."""
+
+    name = "torch-context-parallel-stand-in"
+    dtypes = frozenset({"float64", "float32"})
+    dtype_notes = {}
+
+    def __init__(self):
+        self.device, self.unavailable, self.lib = torch.device("cpu"), None, None
+        self.versions = {"device": "cpu", "context_parallel": "stand-in"}
+
+    def _context_parallel(self, whole, causal, scale, shard, dtype_name):
+        import torch.nn.functional as F
+
+        dtype = torch.float64 if dtype_name == "float64" else torch.float32
+        leaves = [t.to(dtype).detach().requires_grad_(len(whole) == 4) for t in whole[:3]]
+        group = leaves[0].shape[1] // leaves[1].shape[1]
+        k, v = (t.repeat_interleave(group, dim=1) for t in leaves[1:])
+        out = F.scaled_dot_product_attention(leaves[0], k, v, is_causal=causal, scale=scale)
+        if len(whole) == 3:
+            return [out.detach()]
+        return [g.detach() for g in torch.autograd.grad(out, leaves, whole[3].to(dtype))]
