@@ -18,6 +18,7 @@ BUILTIN = {
     "paddle": "attention_conformance.backends.paddle:PaddleBackend",
     "torch-ring": "attention_conformance.backends.torch_ring:TorchRingBackend",
     "jax-ring": "attention_conformance.backends.jax_ring:JaxRingBackend",
+    "jax-ring-processes": "attention_conformance.backends.jax_ring_processes:JaxRingProcessesBackend",
     "transformers-sdpa": "attention_conformance.backends.transformers:TransformersSdpaBackend",
     "transformers-eager": "attention_conformance.backends.transformers:TransformersEagerBackend",
     "keras-torch": "attention_conformance.backends.keras:KerasTorchBackend",

@@ -98,12 +98,13 @@ def _merge(out, lse, block_out, block_lse):
 
 
 @functools.lru_cache(maxsize=64)
-def _program(world: int, vjp: bool, offset: int, causal, window, scale, softcap,
+def _program(mesh: Mesh, vjp: bool, offset: int, causal, window, scale, softcap,
              block_size: tuple, ndim: int):
-    """The jitted ring for one world size and set of params (shapes retrace in jit)."""
+    """The jitted ring over a mesh of W devices for one set of params (shapes retrace in
+    jit)."""
     left, right = rules.window_sides(window)
+    world = mesh.devices.size
     perm = [(i, (i + 1) % world) for i in range(world)]
-    mesh = Mesh(np.array(jax.devices("cpu")[:world]), (RING,))
 
     def step(q, q_pos, q_ids, blocks, carry, _):
         out, lse, k, v, kv_pos, kv_ids = carry
@@ -135,10 +136,17 @@ def _program(world: int, vjp: bool, offset: int, causal, window, scale, softcap,
     return jax.jit(gradients)
 
 
+@functools.lru_cache(maxsize=8)
+def _mesh(devices: tuple) -> Mesh:
+    return Mesh(np.array(devices), (RING,))
+
+
 class JaxRingBackend:
     """Ring attention under shard_map over W host devices, ppermute around the ring."""
 
     name = "jax-ring"
+    #: whether a call's inputs are every rank's shards stacked on a leading axis (spmd)
+    stacked = True
     dtypes = frozenset({"float64", "float32", "float16", "bfloat16"})
     distributed = "spmd"
     policy = {
@@ -192,29 +200,45 @@ class JaxRingBackend:
             raise NotImplementedError("jax-ring computes sharded cases only (the jax backend "
                                       "certifies the single-device arithmetic)")
         rules.check_causal(causal)
-        world = shard["world_size"]
-        if world > len(jax.devices("cpu")):
-            raise NotImplementedError(f"{world} ranks, but jax has {len(jax.devices('cpu'))} "
-                                      "host devices (XLA_FLAGS was set before this module)")
+        mesh = self._mesh(shard["world_size"])
         lq, lk = (sum(len(p) for p in shard[n]) for n in ("q_positions", "kv_positions"))
         scale = 1.0 / float(np.sqrt(q.shape[-1])) if scale is None else float(scale)
         window = None if window is None else tuple(window)
         q_ids, kv_ids, blocks, block_size = structure
-        program = _program(world, vjp, rules.causal_offset(lq, lk, causal), causal, window,
+        program = _program(mesh, vjp, rules.causal_offset(lq, lk, causal), causal, window,
                            scale, None if softcap is None else float(softcap),
                            (lq, lk) if blocks is None else tuple(map(int, block_size)),
-                           max(q.ndim, k.ndim) - 1)     # the scores' rank on a device
+                           max(q.ndim, k.ndim) - self.stacked)    # the scores' rank
         positions = [np.asarray(shard[n], dtype=np.int32) for n in ("q_positions", "kv_positions")]
         ids = [np.stack([np.take(np.asarray([0] * length if given is None else given,
                                             dtype=np.int32), rows, axis=-1) for rows in side])
                for given, length, side in ((q_ids, lq, positions[0]), (kv_ids, lk, positions[1]))]
         blocks = np.ones((1, 1), dtype=bool) if blocks is None else np.asarray(blocks) != 0
-        return program, [jnp.asarray(a) for a in (*positions, *ids, blocks)]
+        return program, [*self._places(*positions, *ids), self._whole(blocks)]
+
+    def _places(self, *stacked):
+        """The positions and document ids of every rank (W, ...) as the ring's arguments."""
+        return self._inputs(*stacked, wide=False)
 
     @staticmethod
-    def _inputs(*arrays):
-        wide = jnp.promote_types(arrays[0].dtype, jnp.float32)
-        return [jnp.asarray(a, dtype=wide) for a in arrays]
+    def _mesh(world: int) -> Mesh:
+        """W host devices of this process, the ring's axis."""
+        count = len(jax.devices("cpu"))
+        if world > count:
+            raise NotImplementedError(f"{world} ranks, but jax has {count} host devices "
+                                      "(XLA_FLAGS was set before this module)")
+        return _mesh(tuple(jax.devices("cpu")[:world]))
+
+    @staticmethod
+    def _whole(a) -> jax.Array:
+        """An argument every device holds whole (the block mask)."""
+        return jnp.asarray(a)
+
+    @staticmethod
+    def _inputs(*arrays, wide=True):
+        """The stacked shards (W, ...) as the ring's arguments; floats at least float32."""
+        dtype = jnp.promote_types(arrays[0].dtype, jnp.float32) if wide else None
+        return [jnp.asarray(a, dtype=dtype) for a in arrays]
 
     @staticmethod
     def _result(x, like) -> np.ndarray:

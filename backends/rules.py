@@ -2,9 +2,8 @@
 per-batch lengths folded into one boolean mask, and the layout that folds the
 interface's ``(*batch, heads, L, D)`` arrays into a framework's 4-D one.
 
-Public for adapter authors, inside this project or outside it: import
-``attention_conformance.backends.rules``. It needs NumPy only; importing it imports no
-framework and nothing of the suite. The names below are stable.
+Public and stable for adapter authors, inside this project or outside it (import
+``attention_conformance.backends.rules``; NumPy only: no framework, nothing of the suite).
 
 Which keys query i may see (docs/interface.md, step 4 of the score pipeline):
 
@@ -34,7 +33,7 @@ Functions and classes:
   matrices this machine cannot hold (NotImplementedError: the test is unsupported, by size);
 - ``gather_pages``: a paged KV cache read back as contiguous keys and values;
 - ``merge_states``: partial attention states (output, lse) merged, in base e or 2;
-- ``dequantize``, ``descaled``: fp8 q, k, v as float32 times their descale factors.
+- ``dequantize``, ``descaled`` (fp8 times descales), ``fold_qv`` (MLA's absorbed ``qv``).
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ import os
 import numpy as np
 
 from ._fp8 import FP8, dequantize, descaled  # noqa: F401 (fp8: part of this module's API)
+from .absorbed import fold_qv, qv_folded as _qv_folded  # noqa: F401 (fold_qv: public)
 
 #: the values of ``causal``
 CAUSAL = (None, "top_left", "bottom_right")
@@ -178,6 +178,7 @@ def lengths_as_mask(method):
     @functools.wraps(method)
     def wrapper(self, q, k, *arrays, mask=None, causal=None, window=None, q_lengths=None,
                 kv_lengths=None, **params):
+        q, k = _qv_folded(q, k, arrays, params)
         structure = {n: params.pop(n) for n in STRUCTURE if n in params}
         mask = structure_mask(mask, np.shape(q), np.shape(k), **structure)
         if q_lengths is None and kv_lengths is None:
@@ -271,6 +272,7 @@ def structure_as_mask(method):
 
     @functools.wraps(method)
     def wrapper(self, q, k, *arrays, mask=None, **params):
+        q, k = _qv_folded(q, k, arrays, params)
         structure = {n: params.pop(n) for n in STRUCTURE if n in params}
         mask = structure_mask(mask, np.shape(q), np.shape(k), **structure)
         return method(self, q, k, *arrays, mask=mask, **params)

@@ -7,6 +7,8 @@ distributed form, which it declares as `distributed`:
   forked from the backend's process), joins them in one gloo process group (the default
   group, through a TCP store on the loopback that rank 0 serves), and calls the adapter's op in each with that
   rank's shard and ``shard=`` its place (backend/rank.py); each returns its rows;
+- ``"jax.distributed"``: the same W forked ranks, each made one process of a JAX cluster
+  (jax.distributed, a coordinator on the loopback, gloo CPU collectives) instead;
 - ``"spmd"``: one call in the backend's own process with every rank's shard stacked on a
   new leading axis (W, ...), as ``shard_map`` takes them; it returns its outputs stacked.
 
@@ -75,7 +77,7 @@ def invoke_sharded(adapter, op: str, arrays: dict, params: dict):
     if form == "spmd":
         results = _spmd(method, op, shards, places, sharding, rest)
     else:
-        results = _ranks(method, op, shards, places, sharding, rest)
+        results = _ranks(form, method, op, shards, places, sharding, rest)
     assert_unchanged(before, arrays)
     return _gathered(op, arrays, params, results, places)
 
@@ -104,25 +106,26 @@ def _spmd(method, op, shards, places, sharding, params) -> list[tuple]:
     return [tuple(o[r] for o in outputs) for r in range(sharding.world_size)]
 
 
-def _ranks(method, op, shards, places, sharding, params) -> list[tuple]:
-    from . import rank         # torch is imported by the rank's form, never by the suite
+def _ranks(form, method, op, shards, places, sharding, params) -> list[tuple]:
+    from . import rank         # torch or jax is imported by the rank's form, never by the suite
 
     world, started = sharding.world_size, []
-    store = rank.open_store()
-    port = store.getsockname()[1]
+    store = rank.open_store() if form == "torch.distributed" else None
+    port = rank.free_port() if store is None else store.getsockname()[1]
     try:
-        context = rank.context()
+        context = rank.context(form)
         for r, shard in enumerate(shards):
             args, keywords = _positional(op, shard)
             receive, send = context.Pipe(duplex=False)
-            job = rank.Job("torch.distributed", r, world, port, store.fileno(),
+            job = rank.Job(form, r, world, port, -1 if store is None else store.fileno(),
                            shard_description(sharding, places, r))
             process = context.Process(target=rank.main, daemon=True,
                                       args=(job, method, args, {**keywords, **params}, send))
             process.start()
             send.close()
             started.append((process, receive))
-        store.close()       # rank 0 holds it now
+        if store is not None:
+            store.close()       # rank 0 holds it now
         answers = _answers(started, op, world)
         failed = [r for r, a in enumerate(answers) if a is not None and a[0] != "outputs"]
         for r in failed[:1]:
@@ -130,7 +133,8 @@ def _ranks(method, op, shards, places, sharding, params) -> list[tuple]:
         return [_result(op, shards[r], r, world, answer) for r, answer in enumerate(answers)]
     finally:
         _end(started)
-        store.close()
+        if store is not None:
+            store.close()
 
 
 def _answers(started, op, world) -> list:

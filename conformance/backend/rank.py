@@ -7,6 +7,11 @@ adapter's op with its shard and ``shard=`` its place, waits at a barrier until e
 has returned (so that no rank leaves while another still receives from it), sends its
 outputs (or what it raised) to the suite, and leaves at once (os._exit: nothing of the
 process it was forked from runs again). It dies with that process.
+
+A rank of the ``jax.distributed`` form is forked the same way (plain multiprocessing),
+becomes one process of a JAX cluster (jax.distributed.initialize with a coordinator on a
+loopback port rank 0 serves, gloo CPU collectives), calls the op, answers, and stays
+until the suite ends the group once every rank has answered.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ GROUP_TIMEOUT = timedelta(seconds=600)
 
 @dataclass(frozen=True)
 class Job:
-    form: str           # the adapter's distributed form: "torch.distributed"
+    form: str           # the adapter's distributed form: "torch.distributed" or "jax.distributed"
     rank: int
     world_size: int
-    store_port: int     # the port of the group's TCP store on 127.0.0.1 (rank 0 serves it)
+    store_port: int     # the port of the group's TCP store (or JAX coordinator) on 127.0.0.1,
+                        # which rank 0 serves
     store_fd: int       # rank 0: the listening socket of that store, inherited
     shard: dict         # what the adapter's op receives as `shard`
 
@@ -46,12 +52,24 @@ def open_store() -> socket.socket:
     return listener
 
 
-def context():
-    """The multiprocessing context ranks start in: torch's, forked (the adapter is already
-    loaded: nothing is imported or pickled again)."""
-    import torch.multiprocessing as mp
+def free_port() -> int:
+    """A port of the loopback free now, for the JAX coordinator that rank 0 serves (JAX
+    binds it itself: it takes no socket)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
-    return mp.get_context("fork")
+
+def context(form: str = "torch.distributed"):
+    """The multiprocessing context ranks start in, forked (the adapter is already loaded:
+    nothing is imported or pickled again): torch's for torch.distributed."""
+    if form == "torch.distributed":
+        import torch.multiprocessing as mp
+
+        return mp.get_context("fork")
+    import multiprocessing
+
+    return multiprocessing.get_context("fork")
 
 
 def main(job: Job, method, args, keywords, answer) -> None:
@@ -62,6 +80,8 @@ def main(job: Job, method, args, keywords, answer) -> None:
         result = method(*args, **keywords, shard=job.shard)
         _barrier(job)
         answer.send(("outputs", _plain(result)))
+        if job.form == "jax.distributed":
+            _wait_to_be_ended()
     except NotImplementedError as exc:
         _send(answer, ("unsupported", str(exc) or type(exc).__name__))
     except BaseException as exc:
@@ -72,6 +92,8 @@ def main(job: Job, method, args, keywords, answer) -> None:
 
 
 def _join(job: Job) -> None:
+    if job.form == "jax.distributed":
+        return _join_jax(job)
     import torch
     import torch.distributed as dist
 
@@ -89,10 +111,33 @@ def _join(job: Job) -> None:
                             timeout=GROUP_TIMEOUT)
 
 
+def _join_jax(job: Job) -> None:
+    """This process made one of the group's JAX processes (jax.distributed, a coordinator
+    on the loopback that rank 0 serves; CPU collectives through gloo). The adapter's
+    process must not have started JAX's backend before the fork: initialize comes first."""
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{job.store_port}",
+                               num_processes=job.world_size, process_id=job.rank,
+                               initialization_timeout=int(GROUP_TIMEOUT.total_seconds()))
+
+
 def _barrier(job: Job) -> None:
+    """torch.distributed: every rank has returned before any leaves (a rank may still
+    receive from another). A JAX rank instead stays until the suite ends the group, once
+    every rank has answered (_wait_to_be_ended): its coordinator and its peers' gloo
+    pairs are not torn down under a rank that is still finishing."""
+    if job.form != "torch.distributed":
+        return
     import torch.distributed as dist
 
     dist.barrier()
+
+
+def _wait_to_be_ended() -> None:
+    while True:
+        signal.pause()
 
 
 def _plain(result):

@@ -127,6 +127,6 @@ def _rows(ctx, mask, rows):
     """The case's arrays for the query rows `rows`, the mask given as `mask`."""
     out = {}
     for name, a in dict(ctx.arrays, mask=mask).items():
-        query_side = name in ("q", "mask", "bias") and a.ndim >= 2 and a.shape[-2] != 1
+        query_side = name in ("q", "qv", "mask", "bias") and a.ndim >= 2 and a.shape[-2] != 1
         out[name] = np.ascontiguousarray(a[..., rows, :]) if query_side else a
     return out

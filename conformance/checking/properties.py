@@ -121,7 +121,8 @@ def _key_side(ctx):
 def _permuted(ctx, perm_q, perm_k):
     arrays = dict(ctx.arrays)
     for name in _query_side(ctx):
-        arrays[name] = np.take(arrays[name], perm_q, axis=-2)
+        if name in arrays:                      # qv, the absorbed form's, is optional
+            arrays[name] = np.take(arrays[name], perm_q, axis=-2)
     for name in _key_side(ctx):
         arrays[name] = np.take(ctx.arrays[name], perm_k, axis=-2)
     for name in ("mask", "bias"):

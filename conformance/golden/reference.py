@@ -356,11 +356,25 @@ def _weighted_values(p, keep, v, policy):
 @structured
 def sdpa(q, k, v, *, mask=None, bias=None, sink=None, q_descale=None, k_descale=None,
          v_descale=None, causal=None, scale=None, softcap=None, window=None, q_lengths=None,
-         kv_lengths=None, policies=None):
+         kv_lengths=None, qv=None, policies=None):
     """With descales (fp8), attention over q, k, v each times its descale factor."""
     q, k, v = dequantized(q, q_descale), dequantized(k, k_descale), dequantized(v, v_descale)
+    if qv is not None:
+        q, k, scale = _absorbed(q, k, v, qv, scale)
     return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies,
                  q_lengths, kv_lengths)[0]
+
+
+def _absorbed(q, k, v, qv, scale):
+    """The absorbed MLA form (FlashAttention 3's qv): the scores (q kᵀ + qv vᵀ) · scale
+    are those of q and qv side by side against k and v side by side, and the scale
+    defaults to 1/sqrt(Dk + Dv): (that q, that k, the scale)."""
+    q, k, v, qv = _f64(q), _f64(k), _f64(v), _f64(qv)
+    keys = np.broadcast_shapes(k.shape[:-1], v.shape[:-1])
+    k = np.concatenate([np.broadcast_to(k, keys + k.shape[-1:]),
+                        np.broadcast_to(v, keys + v.shape[-1:])], axis=-1)
+    scale = default_scale(q.shape[-1] + qv.shape[-1]) if scale is None else scale
+    return np.concatenate([q, qv], axis=-1), k, scale
 
 
 def sdpa_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
@@ -376,7 +390,7 @@ def sdpa_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=Non
 
 def paged_sdpa(q, k_pages, v_pages, *, block_table, kv_lengths, sink=None, q_descale=None,
                k_descale=None, v_descale=None, page_layout="NHD", causal=None, scale=None,
-               softcap=None, window=None, q_lengths=None, policies=None):
+               softcap=None, window=None, q_lengths=None, qv=None, policies=None):
     """sdpa of q over each sequence's keys and values read from the page pools
     (serving.read_pages): sequence b has kv_lengths[b] keys, and under bottom_right its
     query i sits at kv_lengths[b] - q_lengths[b] + i, as sdpa with lengths has it."""
@@ -384,7 +398,8 @@ def paged_sdpa(q, k_pages, v_pages, *, block_table, kv_lengths, sink=None, q_des
     v = read_pages(v_pages, block_table, kv_lengths, page_layout)
     return sdpa(q, k, v, sink=sink, q_descale=q_descale, k_descale=k_descale,
                 v_descale=v_descale, causal=causal, scale=scale, softcap=softcap,
-                window=window, q_lengths=q_lengths, kv_lengths=kv_lengths, policies=policies)
+                window=window, q_lengths=q_lengths, kv_lengths=kv_lengths, qv=qv,
+                policies=policies)
 
 
 def _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies,

@@ -169,8 +169,15 @@ def attention_weights(s, params):
     return (score,)
 
 
+def qv(s, width):
+    """The absorbed MLA form's qv (FlashAttention 3's): one row of width Dv per query."""
+    if s.get("qv") is not None and tuple(s["qv"]) != tuple(s["q"][:-1]) + (width,):
+        raise ValueError(f"qv {s['qv']} is not q's {s['q']} with the values' width {width}")
+
+
 def sdpa(s, params):
     score, out = attention(s["q"], s["k"], s["v"], s.get("mask"), s.get("bias"))
+    qv(s, s["v"][-1])
     sink(s.get("sink"), score)
     if any(s.get(name) is not None for name in ("q_descale", "k_descale", "v_descale")):
         per_head = len(s["q"]) == 4 and len(s["k"]) == 4 and s["q"][0] == s["k"][0] == s["v"][0]
@@ -268,6 +275,7 @@ def paged_sdpa(s, params):
         raise ValueError(f"{q[1]} query heads are not a multiple of {heads} kv heads")
     kv_lengths = params["kv_lengths"]
     _block_table(params["block_table"], kv_lengths, pages, page_size)
+    qv(s, v_pool[3])
     score = paged_scores(s, params)
     sink(s.get("sink"), score)
     descales(s, q[0], heads)

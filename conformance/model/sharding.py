@@ -28,6 +28,7 @@ import numpy as np
 SCHEMES = ("contiguous", "zigzag", "explicit")
 #: the distributed forms a backend may declare as `distributed` (backend/distributed.py)
 FORMS = {"torch.distributed": "W rank processes in one torch.distributed gloo group",
+         "jax.distributed": "W rank processes, one JAX cluster (jax.distributed, gloo collectives)",
          "spmd": "one call with every rank's shard stacked on a leading axis (shard_map)"}
 #: the ops a case may shard, and its inputs and outputs on each side (axis, side)
 SHARDED_OPS = ("sdpa", "sdpa_lse", "sdpa_vjp")

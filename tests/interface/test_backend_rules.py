@@ -35,6 +35,7 @@ def test_importing_rules_imports_no_framework_and_nothing_of_the_suite():
             "('torch', 'jax', 'tensorflow', 'keras', 'paddle', 'onnx', 'onnxruntime')"
             " or m.startswith('attention_conformance.') and m not in "
             "('attention_conformance.backends', 'attention_conformance.backends.rules',"
+            " 'attention_conformance.backends.absorbed',"
             " 'attention_conformance.backends._fp8')))")      # _fp8: rules' own, NumPy only
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
@@ -155,3 +156,13 @@ def test_the_guide_example_certifies_lengths_through_a_mask_only_op():
         want = _masked_attention(q[b, :, :ql], k[b, :, :kl], v[b, :, :kl], alone)
         assert np.allclose(out[b, :, :ql], want)
         assert not out[b, :, ql:].any()
+
+
+def test_fold_qv_makes_the_absorbed_form_plain_attention_over_wider_heads():
+    rng = np.random.default_rng(3)
+    q, qv = rng.standard_normal((3, 2, 4)), rng.standard_normal((3, 2, 6))
+    k, v = rng.standard_normal((1, 5, 4)), rng.standard_normal((1, 5, 6))
+    wide_q, wide_k, scale = rules.fold_qv(q, k, v, qv)
+    assert scale == 1 / np.sqrt(10) and wide_q.shape == (3, 2, 10) and wide_k.shape == (1, 5, 10)
+    assert np.allclose(wide_q @ wide_k.swapaxes(-1, -2), q @ k.swapaxes(-1, -2) + qv @ v.swapaxes(-1, -2))
+    assert rules.fold_qv(q, k, v, qv, scale=0.5)[2] == 0.5

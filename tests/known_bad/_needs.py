@@ -119,5 +119,7 @@ NEEDS = {
                                              lambda c: c.op == "merge_states"),
     "inf_lse_taken_as_real_state": ("merge_states case with an lse of +inf",
                                     lambda c: c.op == "merge_states"),
+    "qv_default_scale_from_dk": ("sdpa case with qv and the default scale",
+                                 lambda c: "qv" in c.inputs and c.params.get("scale") is None),
     "strides_read_as_packed": ("case with a strided input layout", lambda c: bool(c.layout)),
 }

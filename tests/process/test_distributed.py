@@ -18,7 +18,7 @@ pytest.importorskip("torch.distributed")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_isolation import FAULTY, ROOT, assert_nothing_left, certify  # noqa: E402
-from _ring_tests import slow_ring  # noqa: E402
+from _ring_tests import children as _children, slow_ring  # noqa: E402
 
 from attention_conformance.backend.distributed import RankCrashed  # noqa: E402
 from attention_conformance.backend.in_process import InProcess  # noqa: E402
@@ -42,20 +42,6 @@ def test_a_rank_killed_mid_ring_is_one_crash_and_the_run_goes_on(tmp_path):
     assert DIED in statuses[0][1] and "exited with code 70" in statuses[0][1], statuses
     assert report["complete"] is True
     assert_nothing_left(tmp_path, tag)
-
-
-def _children() -> set[int]:
-    me = str(os.getpid())
-    found = set()
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            if fields[1].decode() == me:
-                found.add(int(entry))
-        except (OSError, ValueError, IndexError):
-            pass
-    return found
 
 
 def _call(backend, **params):

@@ -58,3 +58,30 @@ def test_split_states_merge_to_attention_over_all_keys():
     assert np.allclose(out, whole[0], atol=1e-14) and np.allclose(lse, whole[1], atol=1e-14)
     base2 = R.sdpa_lse(q, k, v, policies={"lse_base": "2"})[1]
     assert np.allclose(base2 * math.log(2.0), whole[1], atol=1e-14)
+
+
+def _softmax_rows(s):
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_the_absorbed_form_scores_q_k_plus_qv_v_at_1_over_sqrt_dk_plus_dv():
+    """FlashAttention 3's qv, written out: softmax((q kᵀ + qv vᵀ) / sqrt(Dk + Dv)) v, one
+    latent kv head shared by every query head."""
+    rng = np.random.RandomState(1)
+    q, qv = rng.randn(2, 4, 3, 2), rng.randn(2, 4, 3, 5)
+    k, v = rng.randn(2, 1, 6, 2), rng.randn(2, 1, 6, 5)
+    s = (q @ np.swapaxes(k, -1, -2) + qv @ np.swapaxes(v, -1, -2)) / math.sqrt(2 + 5)
+    assert np.allclose(R.sdpa(q, k, v, qv=qv), _softmax_rows(s) @ v, atol=1e-14)
+    given = R.sdpa(q, k, v, qv=qv, scale=0.3, causal="bottom_right")
+    assert np.allclose(given, R.sdpa(np.concatenate([q, qv], -1), np.concatenate([k, v], -1),
+                                     v, scale=0.3, causal="bottom_right"), atol=1e-14)
+
+
+def test_paged_sdpa_with_qv_scores_qv_against_the_value_pages():
+    rng = np.random.RandomState(2)
+    q, qv = rng.randn(1, 2, 1, 3), rng.randn(1, 2, 1, 4)
+    k_pages, v_pages = rng.randn(3, 2, 1, 3), rng.randn(3, 2, 1, 4)
+    got = R.paged_sdpa(q, k_pages, v_pages, block_table=[[2, 0]], kv_lengths=[3], qv=qv)
+    k, v = (np.concatenate([p[2], p[0, :1]])[None].swapaxes(1, 2) for p in (k_pages, v_pages))
+    assert np.allclose(got, R.sdpa(q, k, v, qv=qv), atol=1e-14)
