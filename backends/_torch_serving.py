@@ -1,12 +1,26 @@
 """The serving forms on torch tensors, for the torch adapters: partial attention states
 merged (torch has no merge op: composed from torch.exp and sums, the largest lse
-subtracted first)."""
+subtracted first), and fp8 inputs read through torch's own float8 dtypes."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+
+#: the spec's fp8 formats as torch's dtypes (torch has them on the CPU, but its SDPA does
+#: not take them there: '"mul_cpu_reduced_float" not implemented for 'Float8_e4m3fn'')
+FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+
+
+def fp8_to_float32(x) -> np.ndarray:
+    """An fp8 NumPy array (ml_dtypes) cast to float32 by torch: its bits viewed as
+    torch's float8 dtype, then torch's own cast (rules.descaled's to_float32)."""
+    x = np.ascontiguousarray(x)
+    if x.dtype.name not in FP8:
+        return x.astype(np.float32)
+    return torch.from_numpy(x.view(np.uint8)).view(FP8[x.dtype.name]).to(torch.float32).numpy()
 
 
 def merge_states(outs: torch.Tensor, lses: torch.Tensor, lse_base: str = "e"):

@@ -182,6 +182,9 @@ class JaxBackend:
 
     name = "jax"
     dtypes = DTYPES
+    # docs/interface.md, "fp8 inputs and descale factors"
+    dtype_notes = {"float8_e4m3fn": "no descales, and fp8 raises TypePromotionError",
+                   "float8_e5m2": "no descales, and fp8 raises TypePromotionError"}
     # Determined empirically on jax 0.10.2 (XLA implementation): the native op masks
     # with a large finite negative, so a fully masked row gets equal logits (uniform
     # weights, the mean of V) and a NaN key at a masked position is overwritten; an

@@ -289,7 +289,9 @@ class NumpyBackend:
     """The attention interface in plain NumPy (every op composed from primitives)."""
 
     name = "numpy"
-    dtypes = frozenset({"float64", "float32", "float16", "bfloat16"})
+    # fp8 (sdpa, paged_sdpa): dequantized to float32 times the descales (rules.descaled)
+    dtypes = frozenset({"float64", "float32", "float16", "bfloat16", "float8_e4m3fn",
+                        "float8_e5m2"})
     # checked bit for bit by the invariance cases (docs/interface.md, "Declared invariants")
     invariants = ("deterministic", "batch_invariant", "split_invariant")
 
@@ -328,6 +330,7 @@ class NumpyBackend:
                          scale=scale, softcap=softcap, window=window, sink=sink)
         return p.astype(dt)
 
+    @rules.descaled()
     @rules.lengths_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
              softcap=None, window=None):
@@ -380,11 +383,12 @@ class NumpyBackend:
         return (_merge_heads(out) @ w_o).astype(dt)
 
     def paged_sdpa(self, q, k_pages, v_pages, *, block_table, kv_lengths, sink=None,
-                   page_layout="NHD", causal=None, scale=None, softcap=None, window=None,
-                   q_lengths=None, qv=None):
+                   q_descale=None, k_descale=None, v_descale=None, page_layout="NHD",
+                   causal=None, scale=None, softcap=None, window=None, q_lengths=None, qv=None):
         """The pages read back (rules.gather_pages), then sdpa with the lengths."""
         k, v = rules.gather_pages(k_pages, v_pages, block_table, kv_lengths, page_layout)
-        return self.sdpa(q, k, v, sink=sink, causal=causal, scale=scale, softcap=softcap,
+        return self.sdpa(q, k, v, sink=sink, q_descale=q_descale, k_descale=k_descale,
+                         v_descale=v_descale, causal=causal, scale=scale, softcap=softcap,
                          window=window, q_lengths=q_lengths, kv_lengths=kv_lengths, qv=qv)
 
     def merge_states(self, outs, lses):

@@ -2,9 +2,8 @@
 per-batch lengths folded into one boolean mask, and the layout that folds the
 interface's ``(*batch, heads, L, D)`` arrays into a framework's 4-D one.
 
-Public for adapter authors, inside this project or outside it: import
-``attention_conformance.backends.rules``. It needs NumPy only; importing it imports no
-framework and nothing of the suite. The names below are stable.
+Public and stable for adapter authors, inside this project or outside it (import
+``attention_conformance.backends.rules``; NumPy only: no framework, nothing of the suite).
 
 Which keys query i may see (docs/interface.md, step 4 of the score pipeline):
 
@@ -34,7 +33,7 @@ Functions and classes:
   matrices this machine cannot hold (NotImplementedError: the test is unsupported, by size);
 - ``gather_pages``: a paged KV cache read back as contiguous keys and values;
 - ``merge_states``: partial attention states (output, lse) merged, in base e or 2;
-- ``fold_qv``: the absorbed MLA form's ``qv`` folded into q and k (backends/absorbed.py).
+- ``dequantize``, ``descaled`` (fp8 times descales), ``fold_qv`` (MLA's absorbed ``qv``).
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ import os
 
 import numpy as np
 
+from ._fp8 import FP8, dequantize, descaled  # noqa: F401 (fp8: part of this module's API)
 from .absorbed import fold_qv, qv_folded as _qv_folded  # noqa: F401 (fold_qv: public)
 
 #: the values of ``causal``
@@ -447,3 +447,4 @@ def merge_states(outs, lses, lse_base="e"):
         out = np.sum(share[..., None] * np.where(share[..., None] > 0, outs, 0.0), axis=0)
         lse = (top + np.log(total)) / scale
     return out, lse
+

@@ -144,6 +144,9 @@ class TensorflowBackend:
     # checked bit for bit by the invariance cases (docs/interface.md, "Declared invariants")
     invariants = ("deterministic", "batch_invariant")
     dtypes = frozenset(_DTYPES)
+    # docs/interface.md, "fp8 inputs and descale factors"
+    dtype_notes = {"float8_e4m3fn": "no descales, and MatMul takes no float8",
+                   "float8_e5m2": "no descales, and MatMul takes no float8"}
     policy = {
         # keras.ops.dot_product_attention writes -0.7*float32max (not -inf) into
         # masked logits, so a fully masked row softmaxes to 1/Lk: the mean of V.

@@ -18,7 +18,8 @@ Known difference (torch 2.13 CPU, kept visible on purpose): with ``is_causal=Tru
 flash kernel, which ignores a NaN in a causally hidden key (and, past one key block,
 a NaN in a hidden value); every other path, and any explicit mask, propagates it. The
 declaration says so by condition: ``masked_key_nan`` is ``propagates``, and ``per_row``
-under causal alone (``policy_when``).
+under causal alone (``policy_when``). fp8 (sdpa, paged_sdpa): torch's SDPA takes no
+float8 on the CPU, so torch's own float8 cast to float32, times the descales, then SDPA.
 """
 
 from __future__ import annotations
@@ -87,9 +88,7 @@ def _allowed(mask: torch.Tensor | None, lq: int, lk: int, causal, window):
 
 
 def _is_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
-    if q.dim() < 3 or k.dim() < 3:
-        return False
-    hq, hkv = q.shape[-3], k.shape[-3]
+    hq, hkv = (q.shape[-3], k.shape[-3]) if q.dim() >= 3 and k.dim() >= 3 else (1, 1)
     return hq != hkv and hkv > 1 and hq % hkv == 0
 
 
@@ -224,7 +223,7 @@ class TorchBackend:
     """The attention interface on PyTorch (CPU by default; ``device="cuda"``, ``"cuda:N"``)."""
 
     name = "torch"
-    dtypes = frozenset(_TORCH_DTYPES)
+    dtypes = frozenset(_TORCH_DTYPES) | frozenset(_torch_serving.FP8)
     versions = {"torch": torch.__version__}
     policy = {
         "fully_masked_rows": "zeros",
@@ -309,7 +308,7 @@ class TorchBackend:
 
     def _dtype(self, a) -> torch.dtype:
         name = _dtype_name(a)
-        if name not in self.dtypes:
+        if name not in self.dtypes or name not in _TORCH_DTYPES:
             raise NotImplementedError(f"torch backend does not support dtype {name}")
         return _TORCH_DTYPES[name]
 
@@ -373,6 +372,7 @@ class TorchBackend:
                                  softcap=softcap, window=window)
             return _to_numpy(p)
 
+    @rules.descaled(_torch_serving.fp8_to_float32)
     @rules.sized(streams=_streams)
     @rules.lengths_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,

@@ -181,7 +181,7 @@ class GoldenCase:
     def inputs(self, dtype: str = "float64", variant=None) -> dict[str, np.ndarray]:
         """Every input, as a backend receives it: the dtype's NumPy array (bool masks)."""
         exact = rounded_inputs(self.case, self._variant(variant), self._dtype(dtype))
-        return cast_inputs(exact, dtype)
+        return cast_inputs(exact, dtype, self.case.input_dtypes(dtype))
 
     def arguments(self, dtype: str = "float64", variant=None) -> tuple[list, dict]:
         """(positional inputs, keyword inputs + params), ready for ``op(*args, **kwargs)``."""

@@ -138,7 +138,7 @@ def case_tags(case, shapes_by_variant) -> list[str]:
 # --- data files -----------------------------------------------------------------------
 
 def _stored(array: np.ndarray) -> np.ndarray:
-    """An array as written to the file: bfloat16 (not a NumPy type) becomes float32."""
+    """An array as written to the file: bfloat16 and fp8 (not NumPy types) become float32."""
     if array.dtype == bool or array.dtype in (np.float64, np.float32, np.float16):
         return array
     return array.astype(np.float32)
@@ -208,13 +208,14 @@ def _golden_arrays(golden: GoldenCase, variant, dtype, arrays) -> tuple[dict, li
 def _json_document(golden: GoldenCase, variant, dtype, stored: dict) -> dict:
     doc = {"case": golden.id, "variant": variant.label, "dtype": dtype,
            "params": jsonable(golden.params), "inputs": {}, "expected": {}, "tolerance": {}}
+    own = golden.case.input_dtypes(dtype)       # each input's dtype (mixed dtypes, fp8)
     for key, value in stored.items():
         group, _, name = key.partition("/")
         if group == "tolerance":
             doc[group][name] = float(value)
         elif group == "inputs" or group == "nan_allowed":
             doc.setdefault(group, {})[name] = json_array(value, None if value.dtype == bool
-                                                         else dtype)
+                                                         else own.get(name, dtype))
         else:
             doc[group][name] = json_array(value, "float64")
     return doc
@@ -232,10 +233,11 @@ def _entry(golden: GoldenCase, variant, dtype, directory: Path, relative: str, f
     else:
         document = _json_document(golden, variant, dtype, stored)
         write_file(path, json.dumps(document, allow_nan=False) + "\n")
+    own = golden.case.input_dtypes(dtype)
     return {"file": f"{relative}/{path.name}", "variant": variant.label,
             "dims": dict(variant.dims), "dtype": dtype,
             "inputs": {n: {"shape": list(a.shape),
-                           "dtype": "bool" if a.dtype == bool else dtype,
+                           "dtype": "bool" if a.dtype == bool else own.get(n, dtype),
                            "stored_as": str(_stored(a).dtype)} for n, a in arrays.items()},
             "expected": expected_sets}
 
@@ -364,7 +366,7 @@ def _write_export(cases, root: Path, fmt, golden_dir, dtypes, spec_dir, progress
                                "expected is finite; NaN and +-inf must sit exactly where "
                                "expected has them",
              "bfloat16": "stored as float32 (npz) or as its exact decimal value (json), "
-                         "with the dtype named bfloat16",
+                         "with the dtype named bfloat16 (likewise float8_e4m3fn, float8_e5m2)",
              "tags": {tag: meaning for tag, (meaning, _) in TAGS.items()},
              "cases": _write_cases(cases, root, fmt, store, dtypes, progress)}
     write_file(root / "README.md", README)
@@ -419,6 +421,11 @@ arrays, a `.json` file writes them as their values with `"dtype": "bfloat16"`. E
 way each value is a bfloat16 value exactly (float32 holds every bfloat16, and the
 decimal reads back exactly); read them as float32 and cast with `ml_dtypes.bfloat16`,
 `torch.bfloat16`, `jnp.bfloat16`, ... (the raw bits are `x.view(np.uint32) >> 16`).
+The fp8 dtypes `float8_e4m3fn` and `float8_e5m2` are stored the same way (cast with
+`ml_dtypes.float8_e4m3fn`, `torch.float8_e4m3fn`, ...); each input names its own dtype
+(an fp8 case's descales and a `passed_as` bias are float32; an fp8 case's outputs are
+float32), and an fp8 case's q, k, v are the stored values, to be multiplied by their
+descales (`q_descale`, `k_descale`, `v_descale`).
 
 ## Tags
 
@@ -457,7 +464,7 @@ def load(path):  # {"inputs": {...}, "expected": {...}, "tolerance": {...}} of a
             return {g: {k.split("/", 1)[1]: f[k] for k in f.files if k.startswith(g + "/")}
                     for g in ("inputs", "expected", "tolerance", "nan_allowed")}
     doc, num = json.load(open(path)), lambda x: [num(y) for y in x] if isinstance(x, list) else float(x) if isinstance(x, str) else x
-    arr = lambda a: np.array(num(a["data"]), {"bfloat16": "float32"}.get(a["dtype"], a["dtype"]))
+    arr = lambda a: np.array(num(a["data"]), "float32" if a["dtype"] in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else a["dtype"])
     return {"tolerance": doc["tolerance"], **{g: {k: arr(a) for k, a in doc.get(g, {}).items()}
                                               for g in ("inputs", "expected", "nan_allowed")}}
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from .model.dtypes import DTYPES
+from .model.dtypes import PLAIN_DTYPES
 from .golden.compute import compute
 from .golden.inputs import build_inputs
 from .model.ops import OPS
@@ -54,7 +54,7 @@ class FuzzError(Exception):
 
 # --- drawing cases --------------------------------------------------------------------
 
-def case_strategy(ops=FUZZED_OPS, dtypes=DTYPES):
+def case_strategy(ops=FUZZED_OPS, dtypes=PLAIN_DTYPES):
     """A Hypothesis strategy of case documents (dicts shaped like a spec case)."""
     from hypothesis import strategies as st
 
@@ -273,7 +273,7 @@ def fuzz(backend, *, examples: int = 100, seed: int = 0, dtypes=None, ops=None,
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as hypothesis_seed
 
-    declared = [d for d in DTYPES if d in set(getattr(backend, "dtypes", ()))]
+    declared = [d for d in PLAIN_DTYPES if d in set(getattr(backend, "dtypes", ()))]
     chosen = [d for d in (dtypes or declared)]
     if not chosen:
         raise ValueError("no dtype to fuzz: the backend declares none of the chosen dtypes")

@@ -19,7 +19,7 @@ FORWARDED, PASSTHROUGH, OWN = "forwarded", "passthrough", "own"
 PROFILES = ("quick", "long", "scale", "all")
 #: the spec's dtype names (model/dtypes.py's DTYPES, which needs NumPy; a test holds
 #: the two equal)
-DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
+DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 #: a backend's process that has grown by this many MiB since its load is replaced: a
 #: leak, not a case (a quick case needs tens of MiB); a restart costs a framework's import
 RESTART_ABOVE_MIB = 4096.0

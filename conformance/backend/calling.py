@@ -9,14 +9,16 @@ import inspect
 
 import numpy as np
 
-from ..model.dtypes import dtype_name, numpy_dtype
+from ..model.dtypes import dtype_name, numpy_dtype, output_dtype
 from ..model.ops import OPS, output_shapes, outputs_for
 from ..model.errors import BackendRaised, CaseTimeout, CheckFailure, Unsupported
 
 
-def cast_inputs(exact_inputs: dict, dtype: str) -> dict:
-    """float64 inputs as a backend receives them: the case dtype (bool masks unchanged)."""
-    return {n: a if a.dtype == bool else a.astype(numpy_dtype(dtype))
+def cast_inputs(exact_inputs: dict, dtype: str, dtypes: dict | None = None) -> dict:
+    """float64 inputs as a backend receives them: the case dtype, or each input's own in
+    `dtypes` (Case.input_dtypes: mixed dtypes, fp8's descales); bool masks unchanged."""
+    dtypes = dtypes or {}
+    return {n: a if a.dtype == bool else a.astype(numpy_dtype(dtypes.get(n, dtype)))
             for n, a in exact_inputs.items()}
 
 
@@ -96,9 +98,10 @@ def output_tuple(op, arrays, result) -> tuple:
 
 
 def checked_outputs(op, raw, arrays, params, dtype) -> dict:
-    """output name -> float64 copy of each output, after checking type, shape and dtype."""
+    """output name -> float64 copy of each output, after checking type, shape and dtype
+    (the case dtype's output_dtype: float32 for fp8)."""
     shapes = output_shapes(op, {n: a.shape for n, a in arrays.items()}, params)
-    return {name: _validated(name, value, shape, dtype)
+    return {name: _validated(name, value, shape, output_dtype(dtype))
             for name, value, shape in zip(outputs_for(op, arrays), raw, shapes)}
 
 

@@ -51,7 +51,9 @@ class Context:
         return op, arrays or self.arrays, dict(self.case.params if op == self.case.op else {},
                                                **params)
 
-    def cast(self, array):
-        """A float64 array as the backend receives it (the case dtype; bool unchanged)."""
+    def cast(self, array, name=None):
+        """A float64 array as the backend receives it (input `name`'s dtype, by default
+        the case's; bool unchanged)."""
         array = np.asarray(array)
-        return array if array.dtype == bool else array.astype(numpy_dtype(self.dtype))
+        dtype = self.case.input_dtypes(self.dtype).get(name, self.dtype)
+        return array if array.dtype == bool else array.astype(numpy_dtype(dtype))

@@ -12,7 +12,7 @@ import numpy as np
 
 from .comparison import compare, digits
 from .context import Context
-from ..model.dtypes import round_to
+from ..model.dtypes import output_dtype, round_to
 from ..golden import sampled
 from ..golden.store import GoldenError
 from ..model.indexing import parse_index, split_target
@@ -153,11 +153,12 @@ def check_golden(ctx: Context, policy=None) -> float:
 
 
 def exact_value(ctx: Context, value, shape):
-    """The expected exact value of a spec 'exact' entry, rounded to the case dtype."""
+    """The expected exact value of a spec 'exact' entry, rounded to the outputs' dtype."""
     if isinstance(value, dict):
         source = ctx.exact_inputs[value["input"]][parse_index(value.get("at", "[...]"))]
         return np.broadcast_to(source, shape)
-    return np.broadcast_to(round_to(np.array(value, dtype=np.float64), ctx.dtype), shape)
+    return np.broadcast_to(round_to(np.array(value, dtype=np.float64), output_dtype(ctx.dtype)),
+                           shape)
 
 
 def target(ctx: Context, text: str):

@@ -186,7 +186,7 @@ def causal_future_independent(ctx: Context, seed: int = 7):
         changed = np.array(ctx.exact_inputs[name], copy=True)
         future = changed[..., first_future_key:, :]
         changed[..., first_future_key:, :] = rng.standard_normal(future.shape) * 3.0
-        arrays[name] = ctx.cast(changed)
+        arrays[name] = ctx.cast(changed, name)
     got = ctx.call(arrays)[0]
     out = _first(ctx)
     _close(got[..., : t + 1, :], out[..., : t + 1, :], _tol(ctx, np.max(np.abs(out))),

@@ -38,7 +38,7 @@ STATUSES = {
 def case_inputs(case, variant, dtype) -> tuple[dict, dict]:
     """(the exact float64 inputs, the inputs as the backend receives them)."""
     exact_inputs = rounded_inputs(case, variant, dtype)
-    return exact_inputs, cast_inputs(exact_inputs, dtype)
+    return exact_inputs, cast_inputs(exact_inputs, dtype, case.input_dtypes(dtype))
 
 
 def run_case(caller, case, variant, dtype, golden, prepared=None, called=None) -> Result:

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import blocks, reference, sampled
 from ..model.case import frozen
-from ..model.dtypes import UNIT_ROUNDOFF, round_to
+from ..model.dtypes import FP8_DTYPES, UNIT_ROUNDOFF, WIDE, round_to
 from ..model.errors import Unsupported
 from .inputs import build_inputs
 from ..model.ops import OPS
@@ -91,8 +91,9 @@ def rounded_inputs(case, variant, dtype) -> dict[str, np.ndarray]:
     key = (repr(case.inputs), repr(variant.dims), dtype) if case.profile == "scale" else None
     if key in _ROUNDED:
         return dict(_ROUNDED[key])
-    arrays = generated_inputs(case, variant)
-    rounded = {n: a.copy() if a.dtype == bool else round_to(a, dtype) for n, a in arrays.items()}
+    arrays, dtypes = generated_inputs(case, variant), case.input_dtypes(dtype)
+    rounded = {n: a.copy() if a.dtype == bool else round_to(a, dtypes[n])
+               for n, a in arrays.items()}
     if key is not None:
         _ROUNDED.clear()
         for array in rounded.values():
@@ -128,7 +129,7 @@ def compute(case, variant, dtype, tolerances: Tolerances,
     (sampled.py) holds its sampled rows only, and its error is taken over them."""
     arrays = rounded_inputs(case, variant, dtype)
     policies = dict([c for c in (policy, convention) if c]) or None
-    source = tolerances.plain_error_from.get(dtype, dtype)
+    source, weights = plain_model(dtype, tolerances)
     wide = accumulation == "float32" and dtype in ACCUMULATION_DTYPES
     run = reference.run
     if not frozen(case) and blocks.blocked(case.op, case.params):
@@ -138,11 +139,11 @@ def compute(case, variant, dtype, tolerances: Tolerances,
     # NaN, inf and overflow are expected here: policies, poisoned inputs, plain float16
     with np.errstate(all="ignore"):
         exact = run(case.op, arrays, case.params, policies)
-        with reference.rounded_to(source, "float32" if wide else None):
+        with reference.rounded_to(source, "float32" if wide else None, weights):
             plain = run(case.op, arrays, case.params, policies)
-    factor = UNIT_ROUNDOFF[dtype] / UNIT_ROUNDOFF[source]
+    factor = 1.0 if weights else UNIT_ROUNDOFF[dtype] / UNIT_ROUNDOFF[source]
     roundings = math.sqrt(longest_reduction(arrays))
-    order = UNIT_ROUNDOFF["float32" if wide else dtype]
+    order = UNIT_ROUNDOFF["float32" if wide or weights else dtype]
     result = {}
     for name, gold, approx in zip(OPS[case.op].outputs_for(arrays), exact, plain):
         both = np.isfinite(gold) & np.isfinite(approx)
@@ -150,6 +151,15 @@ def compute(case, variant, dtype, tolerances: Tolerances,
         largest = float(np.max(np.abs(gold[np.isfinite(gold)]), initial=0.0))
         result[name] = (gold, max(error, roundings * order * largest))
     return result
+
+
+def plain_model(dtype, tolerances: Tolerances) -> tuple:
+    """(the dtype the plain computation rounds its intermediate results to, the fp8 format
+    it rounds the weights P to before P V, or None): an fp8 case computes in float32 from
+    its dequantized inputs and rounds P to its format (spec/tolerances.yaml)."""
+    if dtype in FP8_DTYPES:
+        return WIDE, dtype
+    return tolerances.plain_error_from.get(dtype, dtype), None
 
 
 def longest_reduction(arrays) -> int:

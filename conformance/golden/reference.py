@@ -23,8 +23,9 @@ import numpy as np
 from ..model.dtypes import UNIT_ROUNDOFF
 from ..model.ops import OPS
 from ..model.policies import DEFAULT_POLICIES
-from .rounding import _mm, _r, _sum, rounded_to, rounding_dtype  # noqa: F401 (rounded_to: the API)
-from .serving import merge_states, read_pages  # noqa: F401 (merge_states: an op of the table)
+from .rounding import (_mm, _r, _rw, _sum, rounded_to,  # noqa: F401 (rounded_to: the API)
+                       rounding_dtype)
+from .serving import dequantized, merge_states, read_pages  # noqa: F401 (merge_states: an op)
 from .structure import structured
 
 #: query rows processed at once by sdpa and sdpa_vjp
@@ -345,6 +346,7 @@ def attention_weights(q, k, *, mask=None, bias=None, sink=None, causal=None, sca
 
 def _weighted_values(p, keep, v, policy):
     """P V; a masked-out non-finite value is kept out unless its policy propagates it."""
+    p = _rw(p)
     if policy["masked_value_nan"] == "propagates" or np.all(np.isfinite(v)):
         return _r(_mm(p, v))
     values = np.where(keep[..., None], v[..., None, :, :], 0.0)   # (*, Lq, Lk, Dv)
@@ -352,8 +354,11 @@ def _weighted_values(p, keep, v, policy):
 
 
 @structured
-def sdpa(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
-         softcap=None, window=None, q_lengths=None, kv_lengths=None, qv=None, policies=None):
+def sdpa(q, k, v, *, mask=None, bias=None, sink=None, q_descale=None, k_descale=None,
+         v_descale=None, causal=None, scale=None, softcap=None, window=None, q_lengths=None,
+         kv_lengths=None, qv=None, policies=None):
+    """With descales (fp8), attention over q, k, v each times its descale factor."""
+    q, k, v = dequantized(q, q_descale), dequantized(k, k_descale), dequantized(v, v_descale)
     if qv is not None:
         q, k, scale = _absorbed(q, k, v, qv, scale)
     return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies,
@@ -383,15 +388,16 @@ def sdpa_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=Non
     return out, lse
 
 
-def paged_sdpa(q, k_pages, v_pages, *, block_table, kv_lengths, sink=None, page_layout="NHD",
-               causal=None, scale=None, softcap=None, window=None, q_lengths=None, qv=None,
-               policies=None):
+def paged_sdpa(q, k_pages, v_pages, *, block_table, kv_lengths, sink=None, q_descale=None,
+               k_descale=None, v_descale=None, page_layout="NHD", causal=None, scale=None,
+               softcap=None, window=None, q_lengths=None, qv=None, policies=None):
     """sdpa of q over each sequence's keys and values read from the page pools
     (serving.read_pages): sequence b has kv_lengths[b] keys, and under bottom_right its
     query i sits at kv_lengths[b] - q_lengths[b] + i, as sdpa with lengths has it."""
     k = read_pages(k_pages, block_table, kv_lengths, page_layout)
     v = read_pages(v_pages, block_table, kv_lengths, page_layout)
-    return sdpa(q, k, v, sink=sink, causal=causal, scale=scale, softcap=softcap,
+    return sdpa(q, k, v, sink=sink, q_descale=q_descale, k_descale=k_descale,
+                v_descale=v_descale, causal=causal, scale=scale, softcap=softcap,
                 window=window, q_lengths=q_lengths, kv_lengths=kv_lengths, qv=qv,
                 policies=policies)
 

@@ -2,7 +2,8 @@
 whose error sets the tolerances (spec/tolerances.yaml). Every intermediate result of the
 reference passes through :func:`_r`, the identity in float64 and, inside
 ``with rounded_to("float16")``, a rounding to that dtype; :func:`_mm` and :func:`_sum`
-are a product and a sum computed as the plain computation does.
+are a product and a sum computed as the plain computation does; :func:`_rw` rounds the
+weights P before P V to an fp8 format in the plain computation of an fp8 case.
 """
 
 from __future__ import annotations
@@ -19,18 +20,24 @@ _ROUNDING = contextvars.ContextVar("rounding", default=None)
 #: where products and sums accumulate under rounded_to: None (the dtype, as numpy does
 #: it) or "float32" (the accumulation tier of spec/tolerances.yaml)
 _ACCUMULATE = contextvars.ContextVar("accumulate", default=None)
+#: the fp8 format the weights P are rounded to before P V under rounded_to (None: _r's)
+_WEIGHTS = contextvars.ContextVar("weights", default=None)
 
 
 @contextlib.contextmanager
-def rounded_to(dtype: str | None, accumulate: str | None = None):
+def rounded_to(dtype: str | None, accumulate: str | None = None, weights: str | None = None):
     """Round every intermediate result to ``dtype`` (None: plain float64); with
     ``accumulate="float32"`` matrix products and sums of dtype-rounded operands are
-    accumulated in float32, their results rounded to ``dtype``."""
+    accumulated in float32, their results rounded to ``dtype``; with ``weights`` (an fp8
+    format) the weights P are rounded to it before P V, as an fp8 kernel's P V product
+    takes them (spec/tolerances.yaml)."""
     token = _ROUNDING.set(None if dtype in (None, "float64") else dtype)
     wide = _ACCUMULATE.set(accumulate)
+    narrow = _WEIGHTS.set(weights)
     try:
         yield
     finally:
+        _WEIGHTS.reset(narrow)
         _ACCUMULATE.reset(wide)
         _ROUNDING.reset(token)
 
@@ -38,6 +45,13 @@ def rounded_to(dtype: str | None, accumulate: str | None = None):
 def _r(x):
     dtype = _ROUNDING.get()
     return x if dtype is None else round_to(x, dtype)
+
+
+def _rw(p):
+    """The weights P as the P V product takes them: rounded to the fp8 format of an fp8
+    case's plain computation, else as every intermediate result (_r)."""
+    weights = _WEIGHTS.get()
+    return _r(p) if weights is None else round_to(p, weights)
 
 
 def _mm(a, b):

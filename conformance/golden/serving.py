@@ -1,7 +1,9 @@
 """The float64 reference of the serving forms: a paged KV cache read back into
-contiguous keys and values, and partial attention states merged.
+contiguous keys and values, partial attention states merged, and fp8 inputs times
+their descale factors.
 
-Written from docs/interface.md ("Paged KV cache", "Merging partial states"),
+Written from docs/interface.md ("Paged KV cache", "Merging partial states", "fp8 inputs
+and descale factors"),
 independently of every backend (backends/rules.py has the adapters' own gather).
 """
 
@@ -37,6 +39,20 @@ def read_pages(pages, block_table, kv_lengths, layout="NHD"):
         for t in range(length):
             out[b, :, t, :] = tokens[row[t // page_size], t % page_size]
     return out
+
+
+def dequantized(x, descale):
+    """x (q, k or v; an fp8 case's values as stored, in float64) times its descale
+    factor: one for the tensor, shape (1,), or one per batch element and kv head, (B,
+    Hkv), which query head h of a group of G = Hq / Hkv reads at column h // G."""
+    x = np.asarray(x, dtype=np.float64)
+    if descale is None:
+        return x
+    descale = np.asarray(descale, dtype=np.float64)
+    if descale.size == 1:
+        return _r(x * descale.reshape(()))
+    per_head = np.repeat(descale, x.shape[-3] // descale.shape[-1], axis=-1)   # (B, H)
+    return _r(x * per_head[..., None, None])
 
 
 def _empty(lse):

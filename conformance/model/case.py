@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .dtypes import input_dtype
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -37,6 +39,12 @@ class Case:
 
     def where(self) -> str:
         return f"{self.file}:{self.line}"
+
+    def input_dtypes(self, dtype: str) -> dict[str, str]:
+        """input name -> the dtype it is given in, in a test of dtype `dtype`
+        (model/dtypes.py's input_dtype: passed_as, the descales, fp8's float32 ones)."""
+        return {name: input_dtype(dtype, name, spec.get("passed_as"))
+                for name, spec in self.inputs.items()}
 
 
 #: the profiles a case may belong to: quick (the default run, golden data frozen), long

@@ -1,5 +1,7 @@
-"""The dtypes of the spec: one table of names, NumPy types (bfloat16 through ml_dtypes)
-and unit roundoffs, that the schema, the command line and the tolerances follow."""
+"""The dtypes of the spec: one table of names, NumPy types (bfloat16 and the fp8 formats
+through ml_dtypes) and unit roundoffs, that the schema, the command line and the
+tolerances follow; and the rule of which dtype each input and output of a case has
+(docs/interface.md, "Arrays and dtypes", "fp8 inputs and descale factors")."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ NUMPY_DTYPES = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
 }
 
 #: the spec's dtype names, widest first
@@ -22,7 +26,21 @@ UNIT_ROUNDOFF = {
     "float32": 2.0**-24,
     "float16": 2.0**-11,
     "bfloat16": 2.0**-8,
+    "float8_e4m3fn": 2.0**-4,
+    "float8_e5m2": 2.0**-3,
 }
+
+#: the fp8 formats and their largest finite value: quantizing to one saturates there
+#: (e4m3fn has no infinity; a value past 448 would otherwise become NaN)
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+FP8_DTYPES: tuple[str, ...] = tuple(FP8_MAX)
+#: the dtypes of the plain (not quantized) cases: what fuzzing draws
+PLAIN_DTYPES: tuple[str, ...] = tuple(d for d in DTYPES if d not in FP8_MAX)
+#: the inputs an fp8 case quantizes; its other floating inputs and every output are WIDE
+QUANTIZED_INPUTS = ("q", "k", "v", "k_pages", "v_pages")
+WIDE = "float32"
+#: inputs whose dtype is fixed whatever the case's: the descale factors of fp8
+FIXED_INPUT_DTYPES = {"q_descale": WIDE, "k_descale": WIDE, "v_descale": WIDE}
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -30,7 +48,7 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 def dtype_name(dtype) -> str | None:
-    """The spec's name of a NumPy dtype, or None if it is not one of the four."""
+    """The spec's name of a NumPy dtype, or None if it is not one of the table's."""
     dtype = np.dtype(dtype)
     for name, candidate in NUMPY_DTYPES.items():
         if candidate == dtype:
@@ -38,10 +56,32 @@ def dtype_name(dtype) -> str | None:
     return None
 
 
+def output_dtype(case_dtype: str) -> str:
+    """The dtype of every output of a case of this dtype: its own, float32 for fp8."""
+    return WIDE if case_dtype in FP8_MAX else case_dtype
+
+
+def input_dtype(case_dtype: str, name: str, passed_as: str | None = None) -> str:
+    """The dtype input `name` of a case of dtype `case_dtype` is given in: its own
+    `passed_as` (mixed dtypes: a float32 bias beside bfloat16 q, k, v), a fixed one (the
+    descales), float32 for the inputs an fp8 case does not quantize, else the case's."""
+    if passed_as:
+        return passed_as
+    if name in FIXED_INPUT_DTYPES:
+        return FIXED_INPUT_DTYPES[name]
+    if case_dtype in FP8_MAX and name not in QUANTIZED_INPUTS:
+        return WIDE
+    return case_dtype
+
+
 def round_to(x, name: str) -> np.ndarray:
-    """x rounded to dtype `name`, returned as float64 (beyond its range: +-inf, as a cast)."""
+    """x rounded to dtype `name`, returned as float64 (beyond its range: +-inf, as a cast;
+    an fp8 format saturates at its largest finite value, as fp8 quantizers do)."""
     x = np.asarray(x)
     if name == "float64":
         return x.astype(np.float64)
+    if name in FP8_MAX:
+        top = FP8_MAX[name]
+        x = np.where(np.isfinite(x), np.clip(x, -top, top), x)
     with np.errstate(over="ignore"):
         return x.astype(NUMPY_DTYPES[name]).astype(np.float64)

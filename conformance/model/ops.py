@@ -58,6 +58,8 @@ _SEGMENTS = ("q_segment_ids", "kv_segment_ids")
 _BLOCKS = ("block_mask", "block_size")
 #: the params of the attention ops that take lengths and structure
 _ATTENTION = _PIPELINE + _LENGTHS + _SEGMENTS + _BLOCKS
+#: fp8: the factor each stored q, k, v is multiplied by, per tensor or per (batch, kv head)
+DESCALES = ("q_descale", "k_descale", "v_descale")
 #: the case computed over W ranks by the backend's distributed form (model/sharding.py)
 _SHARDING = ("sharding",)
 #: a paged KV cache: the pages of each sequence, its length, and the layout of a page
@@ -74,8 +76,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("attention_weights", ("q", "k"), ("mask", "bias", "sink"), _ATTENTION, (), ("out",),
        shapes.attention_weights, ("q",), ("k",), True, True,
        "softmax(q kᵀ · scale + bias, masked) over the keys"),
-    Op("sdpa", ("q", "k", "v"), ("mask", "bias", "sink", "qv"), _ATTENTION + _SHARDING, (),
-       ("out",), shapes.sdpa,
+    Op("sdpa", ("q", "k", "v"), ("mask", "bias", "sink", "qv") + DESCALES,
+       _ATTENTION + _SHARDING, (), ("out",), shapes.sdpa,
        ("q", "qv"), ("k", "v"), True, True, "scaled dot-product attention: weights @ v"),
     Op("sdpa_lse", ("q", "k", "v"), ("mask", "bias", "sink"), _PIPELINE + _SHARDING, (),
        ("out", "lse"),
@@ -92,7 +94,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
        (), ("dq", "dk", "dv"), shapes.sdpa_vjp, ("q",), ("k", "v"), True, True,
        "the gradients of sdpa for an upstream gradient d_out (and d_sink with a sink)",
        (("d_sink", "sink"),)),
-    Op("paged_sdpa", ("q", "k_pages", "v_pages"), ("sink", "qv"),
+    Op("paged_sdpa", ("q", "k_pages", "v_pages"), ("sink", "qv") + DESCALES,
        ("causal", "scale", "softcap", "window", "q_lengths") + _PAGED, _PAGED[:2], ("out",),
        shapes.paged_sdpa, ("q", "qv"), (), True, False,
        "sdpa of each sequence over its keys and values in a paged KV cache (block table)"),

@@ -80,6 +80,18 @@ def sink(shape, score):
                          f" (*batch, Hq) = {heads}")
 
 
+def descales(s, batch: int, kv_heads: int):
+    """fp8 descale factors: each `(1,)` (the tensor) or `(B, Hkv)` (per batch element and
+    kv head; then q, k and v are (B, H, L, D))."""
+    for name in ("q_descale", "k_descale", "v_descale"):
+        shape = s.get(name)
+        if shape is None or tuple(shape) == (1,):
+            continue
+        if tuple(shape) != (batch, kv_heads):
+            raise ValueError(f"{name} {tuple(shape)} is neither (1,) nor (B, Hkv) ="
+                             f" {(batch, kv_heads)}")
+
+
 def lengths(score, params, s):
     """q_lengths / kv_lengths: one int per element of dim 0 of the scores, each within
     0..Lq (0..Lk); q, k and v then have that batch dim (the scores' rank and dim 0)."""
@@ -167,6 +179,9 @@ def sdpa(s, params):
     score, out = attention(s["q"], s["k"], s["v"], s.get("mask"), s.get("bias"))
     qv(s, s["v"][-1])
     sink(s.get("sink"), score)
+    if any(s.get(name) is not None for name in ("q_descale", "k_descale", "v_descale")):
+        per_head = len(s["q"]) == 4 and len(s["k"]) == 4 and s["q"][0] == s["k"][0] == s["v"][0]
+        descales(s, *(s["k"][:2] if per_head else (0, 0)))
     lengths(score, params, s)
     segments(score, params)
     blocks(score, params)
@@ -263,6 +278,7 @@ def paged_sdpa(s, params):
     qv(s, v_pool[3])
     score = paged_scores(s, params)
     sink(s.get("sink"), score)
+    descales(s, q[0], heads)
     lengths(score, {k: params.get(k) for k in ("q_lengths", "kv_lengths")}, {"q": q})
     return (q[:3] + (v_pool[3],),)
 

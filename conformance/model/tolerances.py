@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from .dtypes import DTYPES
+from .dtypes import DTYPES, output_dtype
 
 
 @dataclass(frozen=True)
@@ -22,10 +22,12 @@ class Tolerances:
     source: str = "spec/tolerances.yaml"
 
     def output(self, dtype: str, plain_error: float, golden: np.ndarray) -> float:
-        """Largest absolute error allowed for an output against its golden."""
+        """Largest absolute error allowed for an output against its golden (the floor: one
+        rounding of the output's dtype, float32 for an fp8 case)."""
         finite = np.abs(golden[np.isfinite(golden)])
         magnitude = float(finite.max()) if finite.size else 0.0
-        return self.multiplier * max(plain_error, self.unit_roundoff[dtype] * magnitude)
+        return self.multiplier * max(plain_error,
+                                     self.unit_roundoff[output_dtype(dtype)] * magnitude)
 
     def prop(self, dtype: str, magnitude: float = 1.0, reduction: int = 1,
              order: str | None = None) -> float:

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from ..model.dtypes import UNIT_ROUNDOFF
+from ..model.dtypes import FP8_DTYPES, UNIT_ROUNDOFF
 from ..model.indexing import parse_index, split_target
 from ..golden.inputs import build_inputs, planned_shapes
 from ..golden.blocks import UNBLOCKED_PARAMS, blocked
@@ -79,6 +79,10 @@ def _check_names(case) -> list[str]:
     for name in op.required_params:
         if name not in case.params:
             problems.append(f"{case.op} needs param {name!r}")
+    fp8 = [d for d in case.dtypes if d in FP8_DTYPES]
+    if fp8 and "q_descale" not in op.inputs:
+        problems.append(f"dtype {fp8[0]} is for the ops that take descale factors (sdpa,"
+                        f" paged_sdpa), not {case.op}")
     return problems
 
 

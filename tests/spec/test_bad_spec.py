@@ -131,6 +131,13 @@ SCENARIOS = {
                    "op: sdpaa", "unknown op 'sdpaa' (known: softmax"),
     "unknown_dtype": (case("bad-dtype", "[float64]", "[float64, float8]"),
                       "float8", "unknown dtype 'float8'"),
+    "fp8_without_descales": (case("fp8-weights", "      v: {normal: {shape: [3, 4], seed: 3}}\n"
+                                  "    dtypes: [float64]", "    dtypes: [float8_e4m3fn]").replace(
+                                      "op: sdpa", "op: attention_weights"),
+                             "id: fp8-weights", "dtype float8_e4m3fn is for the ops that take "
+                             "descale factors (sdpa, paged_sdpa), not attention_weights"),
+    "passed_as_fp8": (case("fp8-bias", "seed: 3}}", "seed: 3}, passed_as: float8_e5m2}"),
+                      "passed_as", "unknown passed_as 'float8_e5m2' (known: float64"),
     "unknown_policy": (policy("bad-policy", "fully_masked", "zeros"),
                        "fully_masked:", "unknown policy 'fully_masked'"),
     "unknown_choice": (policy("bad-choice", "fully_masked_rows", "zeroes"),
