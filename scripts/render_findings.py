@@ -35,16 +35,25 @@ def _cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def tox_envs() -> list[str]:
-    """The backends tox certifies: each environment of env_list certifies the backend of
-    its name, and every backend its commands name (`--backend NAME`: one environment of
-    one library may certify several, e.g. keras: keras-torch, keras-jax, ...)."""
+def tox_envs() -> dict[str, str]:
+    """The backends tox certifies, each with how: `yes` for a plain `tox` (env_list),
+    `tox -m long` for the environments of that label. Each environment certifies the
+    backend of its name, and every backend its commands name (`--backend NAME`: one
+    environment of one library may certify several, e.g. keras: keras-torch, ...)."""
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
-    envs = [e.strip() for e in tox["tox"]["env_list"].split(",")]
-    named = [re.findall(r"--backend ([\w.-]+)", tox[f"testenv:{e}"].get("commands", ""))
-             for e in envs if tox.has_section(f"testenv:{e}")]
-    return envs + [name for names in named for name in names]
+    labels = {}
+    for line in tox["tox"].get("labels", "").strip().splitlines():
+        label, listed = line.split("=", 1)
+        labels[label.strip()] = listed
+    found = {}
+    for how, listed in {"yes": tox["tox"]["env_list"],
+                        "`tox -m long`": labels.get("long", "")}.items():
+        for env in filter(None, (e.strip() for e in listed.split(","))):
+            section = tox[f"testenv:{env}"] if tox.has_section(f"testenv:{env}") else {}
+            for name in [env, *re.findall(r"--backend ([\w.-]+)", section.get("commands", ""))]:
+                found.setdefault(name, how)
+    return found
 
 
 def expected_files() -> dict[str, Path]:
@@ -79,7 +88,7 @@ def policies_table(link: str, notes: bool = False) -> str:
         findings = f"[{count}]({link}#{name})" if count else "none" if count == 0 else "no file"
         rows.append("| " + " | ".join(
             [name + (f" (per op: {per_op})" if per_op else "") + _conditions(declared, notes),
-             "yes" if name in envs else "no",
+             envs.get(name, "no"),
              *(declared["policy"].get(p, "-") for p in POLICIES), findings]) + " |")
     return "\n".join(rows) + "\n"
 

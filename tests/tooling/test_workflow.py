@@ -1,6 +1,6 @@
 """The matrix on more than one machine (.github/workflows/matrix.yml): one job per tox
 environment, each uploading its report, and a last job that merges them; its job list
-cannot drift from tox.ini's env_list, and a real workflow linter (actionlint) passes it."""
+cannot drift from tox.ini's env_list and its `long` label, and a real workflow linter (actionlint) passes it."""
 
 from __future__ import annotations
 
@@ -17,10 +17,23 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "matrix.yml"
 
 
-def _env_list() -> list[str]:
+def _tox() -> configparser.ConfigParser:
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
-    return [e.strip() for e in tox["tox"]["env_list"].split(",")]
+    return tox
+
+
+def _env_list() -> list[str]:
+    return [e.strip() for e in _tox()["tox"]["env_list"].split(",")]
+
+
+def _long() -> list[str]:
+    """The environments of tox.ini's `long` label: outside env_list, each a job."""
+    labels = {}
+    for line in _tox()["tox"]["labels"].strip().splitlines():
+        name, envs = line.split("=", 1)
+        labels[name.strip()] = [e.strip() for e in envs.split(",")]
+    return labels["long"]
 
 
 def _jobs() -> dict:
@@ -30,7 +43,8 @@ def _jobs() -> dict:
 def test_each_tox_environment_is_a_job_and_the_last_merges_the_reports():
     jobs = _jobs()
     envs = jobs["certify"]["strategy"]["matrix"]["env"]
-    assert envs + ["report"] == _env_list()             # env_list's order, report last
+    assert envs == _env_list()[:-1] + _long()           # env_list's order, then the long ones
+    assert _env_list()[-1] == "report" and not set(_long()) & set(_env_list())
     steps = jobs["certify"]["steps"]
     assert any(s.get("run") == 'python -m tox -e "${{ matrix.env }}"' for s in steps)
     upload = next(s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact"))
