@@ -1,7 +1,8 @@
 """A sharded call's ranks (backend/distributed.py): a rank killed in the middle of the
-ring is one crash of its test, the group is ended, the run goes on with a fresh backend
-process, and no rank, store or process of the run outlives it (the run in a fresh pytest
-process: slow_ring, in tox -e torch-ring; in this process, in the suite's quick run)."""
+ring is one crash of its test (a rank deadlocked there, one timeout), the group is ended,
+the run goes on with a fresh backend process, and no rank, store or process of the run
+outlives it (the run in a fresh pytest process: slow_ring, in tox -e torch-ring; in this
+process, in the suite's quick run)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,22 @@ def test_a_rank_killed_mid_ring_is_one_crash_and_the_run_goes_on(tmp_path):
     statuses = sorted((r["status"], r["message"][:400]) for r in report["results"])
     assert [s for s, _ in statuses] == ["crash", "pass"], statuses   # the one crash: its test
     assert DIED in statuses[0][1] and "exited with code 70" in statuses[0][1], statuses
+    assert report["complete"] is True
+    assert_nothing_left(tmp_path, tag)
+
+
+@slow_ring
+def test_a_rank_deadlocked_mid_ring_is_one_timeout_and_the_run_goes_on(tmp_path):
+    tag = uuid.uuid4().hex
+    done, report = certify(tmp_path, "rank_hangs.py:RankHangs",
+                           ROOT / "spec" / "cases" / "context_parallel.yaml",
+                           "--case-timeout", "5", tag=tag, select=CASE,
+                           spec_dir=ROOT / "spec" / "cases")
+    out = done.stdout + done.stderr
+    assert report is not None, out[-3000:]
+    statuses = sorted((r["status"], r["message"][:400]) for r in report["results"])
+    assert [s for s, _ in statuses] == ["pass", "timeout"], statuses   # its test alone
+    assert "within 5 s (--case-timeout" in statuses[1][1], statuses
     assert report["complete"] is True
     assert_nothing_left(tmp_path, tag)
 
