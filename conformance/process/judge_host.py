@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -39,9 +40,9 @@ def main(argv=None) -> int:
     for ending in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(ending, _exit)
     run_tag = (spawn.RUN_TAG, os.environ.get(spawn.RUN_TAG, ""))
-    spawn.become_subreaper()
-    spawn.end_with_parent(before_exit=lambda: spawn.end_tree(None, run_tag))
     options = protocol.JudgeOptions.from_json(argv[1])
+    spawn.become_subreaper()
+    spawn.end_with_parent(before_exit=lambda: _end_run(run_tag, options.log_dir))
     launched, proxy = spawn.start_backend(options), None
     try:                                                # the backend loads meanwhile
         from .ahead import AHEAD
@@ -93,6 +94,15 @@ class _Runner:
                 self.send(protocol.Alive())
             except Exception:           # the runner has gone: the main thread finds out
                 return
+
+
+def _end_run(run_tag, folder: str) -> None:
+    """The runner has gone without ending the run (killed outright: no handler of its
+    ran): the run's folder removed, then every process of the run ended (this one too:
+    it carries the run's tag)."""
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+    spawn.end_tree(None, run_tag)
 
 
 def _load(proxy, spec_dir) -> tuple:

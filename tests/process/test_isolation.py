@@ -251,6 +251,19 @@ def test_an_interrupted_run_writes_its_report_with_the_tests_that_never_ran(
     assert_nothing_left(tmp_path, tag)
 
 
+def test_a_run_killed_outright_leaves_nothing_behind(tmp_path, worked_examples_spec):
+    """SIGKILL of the run's own process, which no handler sees: its judge finds it gone
+    within a second, ends every process of the run and removes the run's folder."""
+    proc, tag = _run_until(tmp_path, worked_examples_spec, "hangs.py:Hangs", "inside-sdpa")
+    proc.kill()
+    proc.communicate()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+            alive_with(tag) or list((tmp_path / "tmp").glob("attention-conformance-*"))):
+        time.sleep(0.1)
+    assert_nothing_left(tmp_path, tag)
+
+
 def test_ctrl_c_during_a_slow_adapter_import_ends_the_run_at_once(tmp_path, worked_examples_spec):
     """The adapter takes two minutes to import (in the backend's process): Ctrl-C ends the
     run within seconds, with its report marked incomplete, instead of after the import."""
