@@ -1,6 +1,7 @@
 """The `flashinfer` backend's paged forms (backends/flashinfer.py): a paged KV cache
 through FlashInfer's batch decode and prefill wrappers, and MLA through its latent
-wrapper. Unverified on hardware, like the adapter.
+wrapper; and native_mask, FlashInfer's causal and window, which both modules use.
+Unverified on hardware, like the adapter.
 
 A block table becomes FlashInfer's CSR form: ``kv_indptr`` (cumulative pages per
 sequence), ``kv_indices`` (the pages of each sequence, in order) and
@@ -15,7 +16,21 @@ import numpy as np
 
 from . import rules
 from ._cuda import pad_head, padded_head, to_cuda, to_numpy
-from .flashinfer import native_mask
+
+
+def native_mask(ql: int, kl: int, causal, window):
+    """(causal, window_left) of FlashInfer meaning causal and window for one sequence of
+    ql queries over kl keys, or None when they need a custom mask. FlashInfer's causal
+    and window_left count from the bottom-right corner (query i at i + kl - ql)."""
+    left, right = rules.window_sides(window)
+    window_left = -1 if left is None else left
+    if causal is None:
+        if left is None and right is None:
+            return False, -1
+        return (False, window_left) if right is None and ql == kl else None
+    if causal == "bottom_right" or ql == kl:
+        return True, window_left
+    return None
 
 
 def page_csr(block_table, kv_lengths, page_size: int):

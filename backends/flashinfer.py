@@ -35,24 +35,10 @@ import numpy as np
 
 from . import rules
 from ._cuda import CudaAdapter, pad_head, padded_head, refuse, to_cuda, to_numpy
+from ._flashinfer_paged import mla_sdpa, native_mask, paged_sdpa
 
 #: FlashInfer's workspace (its examples' 128 MB)
 WORKSPACE_BYTES = 128 * 1024 * 1024
-
-
-def native_mask(ql: int, kl: int, causal, window):
-    """(causal, window_left) of FlashInfer meaning causal and window for one sequence of
-    ql queries over kl keys, or None when they need a custom mask. FlashInfer's causal
-    and window_left count from the bottom-right corner (query i at i + kl - ql)."""
-    left, right = rules.window_sides(window)
-    window_left = -1 if left is None else left
-    if causal is None:
-        if left is None and right is None:
-            return False, -1
-        return (False, window_left) if right is None and ql == kl else None
-    if causal == "bottom_right" or ql == kl:
-        return True, window_left
-    return None
 
 
 def _single_mask(mask):
@@ -254,8 +240,6 @@ class FlashinferBackend(CudaAdapter):
     def paged_sdpa(self, q, k_pages, v_pages, *, block_table, kv_lengths, sink=None,
                    page_layout="NHD", causal=None, scale=None, softcap=None, window=None,
                    q_lengths=None):
-        from ._flashinfer_paged import paged_sdpa
-
         self._ready()
         refuse(self.name, sink=sink)
         rules.check_causal(causal)
@@ -264,8 +248,6 @@ class FlashinferBackend(CudaAdapter):
 
     def _mla_sdpa(self, q, k, layout, mask, causal, scale, softcap, window, q_lengths,
                   kv_lengths, lse):
-        from ._flashinfer_paged import mla_sdpa
-
         refuse(self.name, mask=mask, softcap=softcap, window=window)
         return mla_sdpa(self, q, k, layout, causal, scale, q_lengths, kv_lengths, lse)
 

@@ -31,13 +31,14 @@ def message(kind: str):
     def register(cls):
         cls = dataclass(frozen=True)(cls)
         cls.KIND = kind
+        cls.FIELDS = tuple(f.name for f in fields(cls))     # read for every message sent
         KINDS[kind] = cls
         return cls
     return register
 
 
 def encode(msg) -> dict:
-    return {"kind": msg.KIND, "fields": {f.name: getattr(msg, f.name) for f in fields(msg)}}
+    return {"kind": msg.KIND, "fields": {name: getattr(msg, name) for name in msg.FIELDS}}
 
 
 def decode(data) -> object:
@@ -47,7 +48,7 @@ def decode(data) -> object:
     cls = KINDS.get(data["kind"]) if isinstance(data["kind"], str) else None
     values = data["fields"]
     if cls is None or not isinstance(values, dict) \
-            or set(values) != {f.name for f in fields(cls)}:
+            or values.keys() != set(cls.FIELDS):
         raise ProtocolError(f"not a message of this protocol: {str(data)[:200]}")
     return cls(**values)
 

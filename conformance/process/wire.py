@@ -196,7 +196,7 @@ class Channel:
         while True:
             end = self._whole()
             if end is not None:
-                data = bytes(self._in[:end])
+                data = self._in[:end]       # one copy (its arrays are copied out again)
                 del self._in[:end]
                 return _parse(memoryview(data))
             self._fill(deadline)
