@@ -14,12 +14,13 @@ Declared policies, and why they hold:
   so a NaN computed from a masked-out key never reaches the softmax;
 - ``masked_value_nan: propagates``: the output is ``P @ V`` and ``0 * NaN`` is NaN.
 
-Large calls: sdpa and sdpa_lse whose scores pass ``BLOCKED_ABOVE`` elements go block by
-block over the queries, each block reading only the keys that causal and a window let
-it see (``rules.key_range``), so that they need the inputs, the output and one block's
-scores (``BLOCK_ELEMENTS``, ~16 MiB in float32, a few of them at once) rather than the
-whole score matrix; the other ops refuse scores that the machine cannot hold
-(``rules.check_size``: the test is unsupported, by size).
+Large calls: sdpa, sdpa_lse and sdpa_vjp (without a sink) whose scores pass
+``BLOCKED_ABOVE`` elements go block by block over the queries, each block reading only
+the keys that causal and a window let it see (``rules.key_range``), so that they need
+the inputs, the outputs (and the gradients) and one block's scores (``BLOCK_ELEMENTS``,
+~16 MiB in float32, a few of them at once) rather than the whole score matrix; the
+other ops refuse scores that the machine cannot hold (``rules.check_size``: the test
+is unsupported, by size).
 
 ``sdpa_lse`` returns ``m + log(l)`` of the same max-subtracted softmax (-inf for a row
 without allowed keys, the lse of the ``zeros`` choice). A ``sink`` is one more score
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
@@ -236,9 +238,26 @@ def _blocked(q, k, v, *, mask, bias, causal, scale, softcap, window, sink=None):
 
 
 def _sdpa_vjp(q, k, v, d_out, **kw):
-    """Backward pass of sdpa, by hand: O = P V, P = softmax(S), S = pipeline(Q Kᵀ)."""
+    """Backward pass of sdpa, by hand: O = P V, P = softmax(S), S = pipeline(Q Kᵀ); past
+    BLOCKED_ABOVE score elements (without a sink), block by block (_blocked_vjp)."""
     k_e, v_e = _expand_kv(k, q), _expand_kv(v, q)
-    p, t, scale, p_sink, _ = _probs(q, k_e, parts=True, **kw)
+    if _score_elements(q, k) > BLOCKED_ABOVE and kw.get("sink") is None:
+        dq, dk_e, dv_e = _blocked_vjp(q, k_e, v_e, d_out, **kw)
+        p_sink = None
+    else:
+        dq, dk_e, dv_e, p_sink, row = _vjp_parts(q, k_e, v_e, d_out, **kw)
+    dk = _group_sum(_unbroadcast(dk_e, k_e.shape), k.shape)
+    dv = _group_sum(_unbroadcast(dv_e, v_e.shape), v.shape)
+    if p_sink is None:
+        return _unbroadcast(dq, q.shape), dk, dv
+    d_sink = -np.sum(p_sink * row, axis=(-1, -2))       # the sink's value is 0: dP = 0
+    return _unbroadcast(dq, q.shape), dk, dv, _unbroadcast(d_sink, np.shape(kw["sink"]))
+
+
+def _vjp_parts(q, k_e, v_e, d_out, offset=None, **kw):
+    """(dq, dk, dv of the expanded heads, the sink's weight, rowsum(dP P)) of the query rows
+    of q over the keys of k_e (a block's, placed by offset as in _probs)."""
+    p, t, scale, p_sink, _ = _probs(q, k_e, parts=True, offset=offset, **kw)
     dv_e = _swap(p) @ d_out
     dp = d_out @ _swap(v_e)
     row = np.sum(dp * p, axis=-1, keepdims=True)
@@ -246,14 +265,36 @@ def _sdpa_vjp(q, k, v, d_out, **kw):
     if t is not None:
         ds = ds * (1 - t * t)  # d/ds of c*tanh(s/c)
     ds = ds * scale  # bias and -inf masking pass ds through (0 where P is 0)
-    dq = ds @ k_e
-    dk_e = _swap(ds) @ q
-    dk = _group_sum(_unbroadcast(dk_e, k_e.shape), k.shape)
-    dv = _group_sum(_unbroadcast(dv_e, v_e.shape), v.shape)
-    if p_sink is None:
-        return _unbroadcast(dq, q.shape), dk, dv
-    d_sink = -np.sum(p_sink * row, axis=(-1, -2))       # the sink's value is 0: dP = 0
-    return _unbroadcast(dq, q.shape), dk, dv, _unbroadcast(d_sink, np.shape(kw["sink"]))
+    return ds @ k_e, _swap(ds) @ q, dv_e, p_sink, row
+
+
+def _blocked_vjp(q, k_e, v_e, d_out, *, mask, bias, causal, scale, softcap, window, sink=None):
+    """(dq, dk, dv of the expanded heads) over _row_blocks of query rows, each over the
+    keys it may see (its softmax whole), on every core: dq written by its block, dk and
+    dv summed over the blocks (under a lock); a row without keys has gradients 0."""
+    lq, lk = q.shape[-2], k_e.shape[-2]
+    lead = np.broadcast_shapes(q.shape[:-2], k_e.shape[:-2], v_e.shape[:-2], d_out.shape[:-2])
+    dq = np.zeros(lead + (lq, q.shape[-1]), dtype=q.dtype)
+    dk = np.zeros(lead + (lk, k_e.shape[-1]), dtype=q.dtype)
+    dv = np.zeros(lead + (lk, v_e.shape[-1]), dtype=q.dtype)
+    offset, lock = rules.causal_offset(lq, lk, causal), threading.Lock()
+
+    def block(first, end, lo, hi):
+        if hi > lo:
+            dq_b, dk_b, dv_b, _, _ = _vjp_parts(
+                q[..., first:end, :], k_e[..., lo:hi, :], v_e[..., lo:hi, :],
+                d_out[..., first:end, :], mask=_block_of(mask, first, end, lo, hi),
+                bias=_block_of(bias, first, end, lo, hi), causal=causal, scale=scale,
+                softcap=softcap, window=window, offset=first + offset - lo)
+            dq[..., first:end, :] = dq_b
+            with lock:
+                dk[..., lo:hi, :] += dk_b
+                dv[..., lo:hi, :] += dv_b
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(lambda b: block(*b), _row_blocks(lq, lk, causal, window,
+                                                        math.prod(lead), False)))
+    return dq, dk, dv
 
 
 def _split_heads(x, h):
@@ -352,7 +393,9 @@ class NumpyBackend:
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
                  scale=None, softcap=None, window=None):
         dt, ct = _dtypes(np.asarray(q))
-        rules.check_size("numpy sdpa_vjp", np.shape(q), np.shape(k), copies=6)
+        if sink is not None or math.prod(rules.score_shape(np.shape(q), np.shape(k))) \
+                <= BLOCKED_ABOVE:
+            rules.check_size("numpy sdpa_vjp", np.shape(q), np.shape(k), copies=6)
         q, k, v, d_out, bias, sink = (_cast(a, ct) for a in (q, k, v, d_out, bias, sink))
         grads = _sdpa_vjp(q, k, v, d_out, mask=mask, bias=bias, causal=causal,
                           scale=scale, softcap=softcap, window=window, sink=sink)

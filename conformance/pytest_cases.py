@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import reprlib
 import signal
 import threading
 import warnings
@@ -119,6 +120,11 @@ def _selection(config) -> dict:
 
 #: at the interpreter's exit everything is frozen again: its last collection walks none of it
 atexit.register(gc.freeze)
+
+#: a param's value in a failure's header: a list shortened past 16 items (a scale case's
+#: block table lists 16,384 pages)
+_SHORT = reprlib.Repr()
+_SHORT.maxlist, _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 16, 4, 200, 200
 
 _STATE = pytest.StashKey["State"]()
 _COLLECTOR = pytest.StashKey["_Collector"]()
@@ -328,7 +334,7 @@ class CaseItem(pytest.Item):
                                rounded_inputs(self.case, self.variant, self.dtype).items())
         except Exception:
             shapes = "(inputs could not be built)"
-        params = ", ".join(f"{k}={v!r}" for k, v in self.case.params.items()) or "none"
+        params = ", ".join(f"{k}={_SHORT.repr(v)}" for k, v in self.case.params.items()) or "none"
         return (f"  test:   {self.test_id} on backend {state.info['name']!r}, dtype {self.dtype}\n"
                 f"  case:   {printable(self.case.description)} ({self.case.where()})\n"
                 f"  op:     {self.case.op}; inputs: {shapes}; params: {params}\n")

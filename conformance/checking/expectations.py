@@ -81,15 +81,16 @@ def unchecked_positions(ctx: Context, name: str, shape, policy=None):
     return padded_queries(tuple(shape), q_lengths)
 
 
-def sampled_rows(ctx: Context, policy=None):
-    """The query rows a sampled golden checks (golden/sampled.py), or None: every row."""
+def sampled_positions(ctx: Context, name: str, policy=None):
+    """(indices, length) of the query rows (key columns of dk and dv) at which a sampled
+    golden checks output `name` (golden/sampled.py), or None: every row."""
     if policy is not None or not sampled.is_sampled(ctx.case.expect):
         return None
-    return sampled.rows_for(ctx.case, ctx.variant, ctx.exact_inputs["q"].shape[-2])
+    return sampled.positions_for(ctx.case, ctx.variant, name, ctx.exact_inputs)
 
 
 def _at_rows(result, name, ndim, rows):
-    """A comparison of sampled rows, its index named in the output's own rows."""
+    """A comparison of sampled rows (or columns), its index named in the output's own."""
     if rows is None or not result.index:
         return result
     index = list(result.index)
@@ -120,13 +121,14 @@ def check_golden(ctx: Context, policy=None) -> float:
 
     Positions that the policy choice leaves free (unchecked_positions) take the golden's
     value before the comparison; every other position is compared as usual. A sampled
-    golden compares its rows alone, and its message names them."""
+    golden compares its rows (or key columns) alone, and its message names them."""
     rule = ctx.tolerances
     worst, problems = 0.0, []
     tier = accumulation(ctx)
-    rows = sampled_rows(ctx, policy)
     for name, (gold, plain_error) in _golden(ctx, policy, tier).items():
         actual = ctx.outputs[name]
+        positions = sampled_positions(ctx, name, policy)
+        rows = None if positions is None else positions[0]
         free = unchecked_positions(ctx, name, np.shape(actual), policy)
         if free is not None:
             actual = np.where(free, gold, actual)
@@ -139,8 +141,7 @@ def check_golden(ctx: Context, policy=None) -> float:
         if not result.ok:
             problems.append(
                 f"golden {name}{_policy_label(policy)}: {result.describe(ctx.dtype)}"
-                + ("" if rows is None else
-                   f" (of {sampled.describe_rows(rows, ctx.exact_inputs['q'].shape[-2])})")
+                + ("" if rows is None else f" (of {sampled.describe(name, *positions)})")
                 + ("" if result.pattern else
                    f"; tolerance {result.tolerance:.3g} = {rule.multiplier:g} x max(plain"
                    f" {ctx.dtype} error {plain_error:.3g}"

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from . import blocks, reference, sampled
+from . import blocks, reference, sampled, sampled_vjp
 from ..model.case import frozen
 from ..model.dtypes import FP8_DTYPES, UNIT_ROUNDOFF, WIDE, round_to
 from ..model.errors import Unsupported
@@ -126,16 +126,13 @@ def compute(case, variant, dtype, tolerances: Tolerances,
     its products and sums in float32, and a sum in another order costs float32 roundings.
     convention: (policy, choice) of CONVENTION_POLICIES, or None for the default.
     A case computed live (not frozen) runs blocks.py where it can; a sampled golden
-    (sampled.py) holds its sampled rows only, and its error is taken over them."""
+    (sampled.py) holds its sampled rows (and columns: sampled_vjp.py) only, and its error
+    is taken over them (live_reference)."""
     arrays = rounded_inputs(case, variant, dtype)
     policies = dict([c for c in (policy, convention) if c]) or None
     source, weights = plain_model(dtype, tolerances)
     wide = accumulation == "float32" and dtype in ACCUMULATION_DTYPES
-    run = reference.run
-    if not frozen(case) and blocks.blocked(case.op, case.params):
-        rows = sampled.rows_for(case, variant, arrays["q"].shape[-2]) \
-            if sampled.is_sampled(case.expect) and policy is None else None
-        run = functools.partial(blocks.run, rows=rows)
+    run = live_reference(case, variant, arrays, policy)
     # NaN, inf and overflow are expected here: policies, poisoned inputs, plain float16
     with np.errstate(all="ignore"):
         exact = run(case.op, arrays, case.params, policies)
@@ -151,6 +148,24 @@ def compute(case, variant, dtype, tolerances: Tolerances,
         largest = float(np.max(np.abs(gold[np.isfinite(gold)]), initial=0.0))
         result[name] = (gold, max(error, roundings * order * largest))
     return result
+
+
+def live_reference(case, variant, arrays, policy=None):
+    """The reference function of compute(): reference.run; for a case computed live (not
+    frozen) blocks.run where it can, at the sampled rows of a sampled golden, and
+    sampled_vjp.run for the sampled backward (dq at those rows, dk and dv at sampled
+    key columns)."""
+    if frozen(case):
+        return reference.run
+    chosen = sampled.is_sampled(case.expect) and policy is None
+    if chosen and case.op == "sdpa_vjp":
+        return functools.partial(
+            sampled_vjp.run, rows=sampled.positions_for(case, variant, "dq", arrays)[0],
+            columns=sampled.positions_for(case, variant, "dk", arrays)[0])
+    if blocks.blocked(case.op, case.params):
+        rows = sampled.rows_for(case, variant, arrays["q"].shape[-2]) if chosen else None
+        return functools.partial(blocks.run, rows=rows)
+    return reference.run
 
 
 def plain_model(dtype, tolerances: Tolerances) -> tuple:

@@ -11,8 +11,12 @@ of 64 and 128, at the start and at the last whole tile; the rows just past 65,53
 CUDA grid's second dimension); and a seeded random sample of RANDOM_ROWS rows, or of a
 quarter of the rows where that is fewer (decode: each of a few queries reads every key,
 so a row costs a whole cache). Every batch element and head is checked at those rows; a
-case of at most EVERY_ROW_UP_TO rows, at every row. The backward pass has no sampled form (a case of sdpa_vjp
-takes `golden: true`).
+case of at most EVERY_ROW_UP_TO rows, at every row.
+
+The backward pass (sdpa_vjp, sampled_vjp.py) is checked at the same query rows for dq,
+and at key columns for dk and dv chosen by the same rule over the keys (its own seed):
+the first and the last key, both sides of every power of two from 2**10, of the tiles
+of 64 and 128, the keys just past 65,535, and a seeded random sample.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ EVERY_ROW_UP_TO = 4
 TILES = (64, 128)
 #: the first power of two whose boundary is checked
 FIRST_POWER = 10
-#: the ops a sampled golden can check, and the output each one's rows are along
-OPS = ("sdpa", "sdpa_lse")
+#: the ops a sampled golden can check
+OPS = ("sdpa", "sdpa_lse", "sdpa_vjp")
+#: the outputs checked at sampled key columns (the others: at sampled query rows)
+KEY_OUTPUTS = ("dk", "dv")
 
 
 def is_sampled(expect: dict) -> bool:
@@ -65,12 +71,34 @@ def rows_for(case, variant, lq: int) -> np.ndarray:
     return sampled_rows(lq, seed_of(case, variant))
 
 
-def describe_rows(rows, lq: int, shown: int = 12) -> str:
-    """The row set in words, for failure messages and reports."""
+def columns_for(case, variant, lk: int) -> np.ndarray:
+    """The key columns at which dk and dv are checked: sampled_rows' rule over the keys,
+    its random sample seeded apart from the rows'."""
+    return sampled_rows(lk, seed_of(case, variant) ^ 0x5EED)
+
+
+def positions_for(case, variant, name: str, arrays) -> tuple[np.ndarray, int]:
+    """(the sampled indices of output `name` along its row axis, that axis' length): key
+    columns for dk and dv, query rows for the rest."""
+    if name in KEY_OUTPUTS:
+        lk = np.shape(arrays["k"])[-2]
+        return columns_for(case, variant, lk), lk
+    lq = np.shape(arrays["q"])[-2]
+    return rows_for(case, variant, lq), lq
+
+
+def describe_rows(rows, lq: int, shown: int = 12, what: str = "query rows") -> str:
+    """The row (or key column) set in words, for failure messages and reports."""
     rows = [int(r) for r in rows]
     listed = ", ".join(map(str, rows[:shown])) + (f", ... {rows[-1]}" if len(rows) > shown
                                                   else "")
-    return f"{len(rows)} sampled query rows of {lq:,} ({listed})"
+    return f"{len(rows)} sampled {what} of {lq:,} ({listed})"
+
+
+def describe(name: str, positions, length: int) -> str:
+    """describe_rows of output `name`'s sampled positions (key columns of dk and dv)."""
+    return describe_rows(positions, length,
+                         what="key columns" if name in KEY_OUTPUTS else "query rows")
 
 
 def select(output: np.ndarray, name: str, rows) -> np.ndarray:

@@ -30,14 +30,16 @@ def read_pages(pages, block_table, kv_lengths, layout="NHD"):
 
     Sequence b's token t lies in page block_table[b][t // page_size] at slot
     t % page_size; its first kv_lengths[b] tokens are read, nothing else: the slots past
-    them (and the pages the table lists beyond them) stay 0 here, whatever they hold."""
+    them (and the pages the table lists beyond them) stay 0 here, whatever they hold.
+    Read page by page: page n of the row holds tokens n * page_size up to the length."""
     tokens = pages_as_tokens(np.asarray(pages, dtype=np.float64), layout)
     _, page_size, heads, width = tokens.shape
     longest = max(max(kv_lengths), 1)
     out = np.zeros((len(kv_lengths), heads, longest, width))
     for b, (row, length) in enumerate(zip(block_table, kv_lengths)):
-        for t in range(length):
-            out[b, :, t, :] = tokens[row[t // page_size], t % page_size]
+        for n, first in enumerate(range(0, length, page_size)):
+            count = min(page_size, length - first)
+            out[b, :, first:first + count, :] = np.swapaxes(tokens[row[n], :count], 0, 1)
     return out
 
 

@@ -64,11 +64,32 @@ def _duplicate_errors(duplicates, raw_cases, name) -> list[tuple[int | None, Spe
     return found
 
 
+def _params(raw) -> dict:
+    """A case's params, plain, a block table's `{range: [start, stop, step]}` items
+    written out as the page ids of Python's range (a scale case's table of 16,384 pages
+    is one line)."""
+    params = _plain(raw.get("params", {}))
+    if isinstance(params.get("block_table"), list):
+        params["block_table"] = [
+            [i for item in row for i in (range(*item["range"]) if _is_range(item)
+                                          else (item,))] if isinstance(row, list) else row
+            for row in params["block_table"]]
+    return params
+
+
+def _is_range(item) -> bool:
+    """A block table item {range: [start, stop(, step)]} with a step other than 0 (the
+    rest are left for the schema and shapes.py to refuse)."""
+    bounds = item.get("range") if isinstance(item, dict) else None
+    return isinstance(bounds, list) and 2 <= len(bounds) <= 3 and bounds[2:] != [0] \
+        and all(isinstance(b, int) for b in bounds)
+
+
 def _case(raw, topic, name, line=None) -> Case:
     return Case(
         id=raw["id"], topic=topic, description=raw["description"],
         source=raw["source"], op=raw["op"], inputs=_plain(raw["inputs"]),
-        params=_plain(raw.get("params", {})), dtypes=tuple(raw["dtypes"]),
+        params=_params(raw), dtypes=tuple(raw["dtypes"]),
         expect=_plain(raw["expect"]), variants=_variants(raw),
         profile=raw.get("profile", "quick"), file=name,
         min_memory_gb=float(raw.get("min_memory_gb", 0)), layout=_plain(raw.get("layout", {})),

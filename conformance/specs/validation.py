@@ -21,7 +21,7 @@ import numpy as np
 from ..model.dtypes import FP8_DTYPES, UNIT_ROUNDOFF
 from ..model.indexing import parse_index, split_target
 from ..golden.inputs import build_inputs, planned_shapes
-from ..golden.blocks import UNBLOCKED_PARAMS, blocked
+from ..golden.blocks import UNBLOCKED_PARAMS
 from ..golden.sampled import OPS as SAMPLED_OPS
 from ..model.ops import OPS, output_shapes
 from ..model.shapes import score_shape
@@ -488,15 +488,20 @@ def _check_policies(case) -> list[str]:
 
 
 def _check_sampled(case) -> list[str]:
-    """`golden: sampled` is for the forward ops, live golden data and no lengths."""
+    """`golden: sampled` is for the forward ops and sdpa_vjp, live golden data and no
+    lengths; sdpa_vjp's (golden/sampled_vjp.py) with no bias, sink or policy outcome."""
     if case.op not in SAMPLED_OPS:
-        return [f"golden: sampled checks the query rows of {' and '.join(SAMPLED_OPS)}, "
+        return [f"golden: sampled checks the sampled rows of {', '.join(SAMPLED_OPS)}, "
                 f"not of {case.op} (give golden: true)"]
     if case.profile == "quick":
         return ["golden: sampled is for the long and scale profiles, whose golden data are "
                 "computed live (a quick case's are frozen whole: give golden: true)"]
-    if not blocked(case.op, case.params):
+    if any(case.params.get(name) is not None for name in UNBLOCKED_PARAMS):
         return [f"golden: sampled takes none of {', '.join(UNBLOCKED_PARAMS)}"]
+    if case.op == "sdpa_vjp" and ({"bias", "sink"} & set(case.inputs)
+                                  or case.expect.get("policy")):
+        return ["golden: sampled of sdpa_vjp takes no bias or sink and no expect.policy "
+                "(golden/sampled_vjp.py)"]
     return []
 
 

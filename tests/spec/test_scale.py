@@ -1,6 +1,8 @@
-"""The scale profile's machinery: the sampled golden's rows, the blocked reference (the
-same values as reference.py, only the keys a block sees computed), validation from the
-shapes alone, min_memory_gb, and the NumPy backend block by block."""
+"""The scale profile's machinery: the sampled golden's rows (and the backward's key
+columns), the blocked reference (the same values as reference.py, only the keys a block
+sees computed), the sampled backward (reference.sdpa_vjp's values at its rows and
+columns), validation from the shapes alone, min_memory_gb, and the NumPy backend (its
+forward and backward passes) block by block."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 
 from attention_conformance.backends import numpy as numpy_backend
 from attention_conformance.backends import rules
-from attention_conformance.golden import blocks, compute, reference, sampled
+from attention_conformance.golden import blocks, compute, reference, sampled, sampled_vjp
 from attention_conformance.model.errors import Unsupported
 from attention_conformance.specs import validation
 
@@ -93,6 +95,21 @@ def test_a_block_skips_the_keys_causal_and_a_window_hide():
 
 
 @pytest.mark.parametrize("params,q_shape,k_shape", CALLS)
+def test_the_numpy_backward_block_by_block_is_the_numpy_backward(params, q_shape, k_shape,
+                                                                 monkeypatch):
+    q, k, v, mask, bias = _inputs(q_shape, k_shape)
+    d_out, backend = RNG.randn(*q_shape), numpy_backend.NumpyBackend()
+    for extra in ({}, {"mask": mask}, {"bias": bias, "softcap": 4.0}):
+        whole = backend.sdpa_vjp(q, k, v, d_out, **params, **extra)
+        with monkeypatch.context() as patch:
+            patch.setattr(numpy_backend, "BLOCKED_ABOVE", 0)
+            patch.setattr(numpy_backend, "BLOCK_ELEMENTS", 3000)
+            blocked = backend.sdpa_vjp(q, k, v, d_out, **params, **extra)
+        for a, b in zip(whole, blocked):
+            np.testing.assert_allclose(b, a, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("params,q_shape,k_shape", CALLS)
 def test_the_numpy_backend_block_by_block_is_the_numpy_backend(params, q_shape, k_shape,
                                                                  monkeypatch):
     q, k, v, mask, bias = _inputs(q_shape, k_shape)
@@ -128,12 +145,54 @@ def test_a_scale_case_is_validated_from_its_shapes_alone(monkeypatch):
     assert all(a.strides == (0,) * a.ndim for a in arrays.values())
 
 
-def test_sampled_is_for_live_forward_cases():
+def test_sampled_is_for_live_cases_of_sdpa_and_its_gradients():
     case = scale_cases()["scale-prefill-causal"]
     quick = type(case)(**{**case.__dict__, "profile": "quick"})
     assert "golden data are computed live" in validation._check_sampled(quick)[0]
-    vjp = type(case)(**{**case.__dict__, "op": "sdpa_vjp"})
-    assert "not of sdpa_vjp" in validation._check_sampled(vjp)[0]
+    weights = type(case)(**{**case.__dict__, "op": "attention_weights"})
+    assert "not of attention_weights" in validation._check_sampled(weights)[0]
+    vjp = scale_cases()["scale-vjp-prefill-causal"]
+    assert validation._check_sampled(vjp) == []
+    biased = type(vjp)(**{**vjp.__dict__, "inputs": {**vjp.inputs, "bias": {}}})
+    assert "takes no bias or sink" in validation._check_sampled(biased)[0]
+
+
+@pytest.mark.parametrize("params,q_shape,k_shape", CALLS + [
+    ({"causal": "top_left"}, (4, 300, 8), (2, 300, 8)),            # no batch dim
+    ({"causal": "top_left"}, (2, 4, 300, 8), (1, 2, 300, 8))])     # a broadcast batch
+def test_the_sampled_backward_is_the_reference_at_its_rows_and_columns(params, q_shape,
+                                                                        k_shape):
+    """dq at the rows, dk and dv at the columns: reference.sdpa_vjp's values there, and
+    under rounded_to a plain error of the reference's own size or less (its roundings are
+    a subset of the reference's; a maximum over a few positions varies by up to 1.5x
+    from one draw of the inputs to the next, either way)."""
+    q, k, v, mask, _ = _inputs(q_shape, k_shape)
+    d_out = RNG.randn(*q_shape)
+    rows, columns = np.array([0, 1, 63, 64, q_shape[-2] - 1]), np.array([0, 5, 64, k_shape[-2] - 1])
+    for extra in ({}, {"mask": mask}, {"softcap": 4.0}):
+        want = reference.sdpa_vjp(q, k, v, d_out, **params, **extra)
+        got = sampled_vjp.sdpa_vjp(q, k, v, d_out, rows=rows, columns=columns, **params, **extra)
+        np.testing.assert_allclose(got[0], want[0][..., rows, :], atol=1e-12, rtol=0)
+        for gradient, whole in zip(got[1:], want[1:]):
+            np.testing.assert_allclose(gradient, whole[..., columns, :], atol=1e-12, rtol=0)
+        with reference.rounded_to("float16"):
+            plain = reference.sdpa_vjp(q, k, v, d_out, **params, **extra)
+            ours = sampled_vjp.sdpa_vjp(q, k, v, d_out, rows=rows, columns=columns,
+                                        **params, **extra)
+        for at, a, b, gold in zip((rows, columns, columns), plain, ours, want):
+            theirs, mine = np.max(np.abs(a - gold)[..., at, :]), np.max(np.abs(b - gold[..., at, :]))
+            assert theirs / 50 < mine < theirs * 2, (extra, theirs, mine)
+
+
+def test_the_sampled_columns_are_the_rows_rule_over_the_keys():
+    case = scale_cases()["scale-vjp-decode-gqa"]
+    variant = case.variants[0]
+    arrays = {"q": np.empty((1, 8, 16, 1)), "k": np.empty((1, 2, 262144, 1))}
+    columns, lk = sampled.positions_for(case, variant, "dk", arrays)
+    rows, lq = sampled.positions_for(case, variant, "dq", arrays)
+    assert (lk, lq) == (262144, 16) and {0, 1023, 1024, 65535, 65536, 65537, 262143} <= set(columns)
+    assert np.array_equal(rows, sampled.rows_for(case, variant, 16))
+    assert "sampled key columns of 262,144 (0, " in sampled.describe("dv", columns, lk)
 
 
 def test_a_case_larger_than_the_machine_is_unsupported_by_size(monkeypatch):
