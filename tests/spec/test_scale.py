@@ -163,11 +163,12 @@ def test_sampled_is_for_live_cases_of_sdpa_and_its_gradients():
 def test_the_sampled_backward_is_the_reference_at_its_rows_and_columns(params, q_shape,
                                                                         k_shape):
     """dq at the rows, dk and dv at the columns: reference.sdpa_vjp's values there, and
-    under rounded_to a plain error of the reference's own size or less (its roundings are
-    a subset of the reference's; a maximum over a few positions varies by up to 1.5x
-    from one draw of the inputs to the next, either way)."""
-    q, k, v, mask, _ = _inputs(q_shape, k_shape)
-    d_out = RNG.randn(*q_shape)
+    under rounded_to a plain error of the reference's own size (its roundings are a
+    subset of the reference's: 0.05 to 1.5 times its error over whole outputs; a
+    maximum over a few positions varies more, either way)."""
+    rng = np.random.RandomState(11)
+    q, k, v, d_out = rng.randn(*q_shape), rng.randn(*k_shape), rng.randn(*k_shape), rng.randn(*q_shape)
+    mask = rng.rand(q_shape[-2], k_shape[-2]) > 0.2
     rows, columns = np.array([0, 1, 63, 64, q_shape[-2] - 1]), np.array([0, 5, 64, k_shape[-2] - 1])
     for extra in ({}, {"mask": mask}, {"softcap": 4.0}):
         want = reference.sdpa_vjp(q, k, v, d_out, **params, **extra)
@@ -175,13 +176,14 @@ def test_the_sampled_backward_is_the_reference_at_its_rows_and_columns(params, q
         np.testing.assert_allclose(got[0], want[0][..., rows, :], atol=1e-12, rtol=0)
         for gradient, whole in zip(got[1:], want[1:]):
             np.testing.assert_allclose(gradient, whole[..., columns, :], atol=1e-12, rtol=0)
+        every = np.arange(q_shape[-2]), np.arange(k_shape[-2])
         with reference.rounded_to("float16"):
             plain = reference.sdpa_vjp(q, k, v, d_out, **params, **extra)
-            ours = sampled_vjp.sdpa_vjp(q, k, v, d_out, rows=rows, columns=columns,
+            ours = sampled_vjp.sdpa_vjp(q, k, v, d_out, rows=every[0], columns=every[1],
                                         **params, **extra)
-        for at, a, b, gold in zip((rows, columns, columns), plain, ours, want):
-            theirs, mine = np.max(np.abs(a - gold)[..., at, :]), np.max(np.abs(b - gold[..., at, :]))
-            assert theirs / 50 < mine < theirs * 2, (extra, theirs, mine)
+        for a, b, gold in zip(plain, ours, want):
+            theirs, mine = np.max(np.abs(a - gold)), np.max(np.abs(b - gold))
+            assert theirs / 100 < mine < theirs * 2, (extra, theirs, mine)
 
 
 def test_the_sampled_columns_are_the_rows_rule_over_the_keys():
