@@ -109,11 +109,12 @@ def to_cuda(a, device, dtype=None):
 
 
 def to_numpy(t, like=None) -> np.ndarray:
-    """A fresh NumPy array of the tensor, cast to ``like``'s dtype when given."""
+    """A fresh NumPy array of the tensor, cast to ``like``'s dtype when given (``like``:
+    an array, or a dtype itself: ``rules.lse_dtype(q.dtype)`` for an lse)."""
     from .torch import _TORCH_DTYPES, _to_numpy
 
     if like is not None:
-        t = t.to(_TORCH_DTYPES[np.dtype(like.dtype).name])
+        t = t.to(_TORCH_DTYPES[np.dtype(getattr(like, "dtype", like)).name])
     return _to_numpy(t)
 
 

@@ -213,7 +213,8 @@ def mla_sdpa(backend, q, k, layout, causal, scale, q_lengths, kv_lengths, lse):
         if lse:
             lses[i, :, :n] = s[start:start + n].float().transpose(0, 1)
     result = layout.restore(to_numpy(full, like=q))
-    return result, (layout.restore(to_numpy(lses[..., None], like=q))[..., 0] if lse else None)
+    wide = rules.lse_dtype(np.asarray(q).dtype)              # float32 beside half outputs
+    return result, (layout.restore(to_numpy(lses[..., None], like=wide))[..., 0] if lse else None)
 
 
 def mla_paged(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layout, causal,

@@ -225,7 +225,8 @@ class FlashinferBackend(CudaAdapter):
             if lse:
                 lses[b, :, :ql[b]] = s
         result = layout.restore(to_numpy(out, like=q))
-        return result, (layout.restore(to_numpy(lses[..., None], like=q))[..., 0]
+        wide = rules.lse_dtype(np.asarray(q).dtype)          # float32 beside half outputs
+        return result, (layout.restore(to_numpy(lses[..., None], like=wide))[..., 0]
                         if lse else None)
 
     def _empty(self, q4, dv, lse):
@@ -363,4 +364,4 @@ class FlashinferBackend(CudaAdapter):
         out, lse = self.lib.merge_states(v.transpose(0, 1).contiguous(),
                                          s.transpose(0, 1).contiguous())
         return (to_numpy(out[:, 0, :dv], like=outs).reshape(outs.shape[1:]),
-                to_numpy(lse[:, 0], like=outs).reshape(lses.shape[1:]))
+                to_numpy(lse[:, 0], like=rules.lse_dtype(outs.dtype)).reshape(lses.shape[1:]))

@@ -245,7 +245,8 @@ class VllmFlashBackend(CudaAdapter):
         result = layout.restore(to_numpy(full, like=like))
         if lses is None:
             return result, None
-        return result, layout.restore(to_numpy(lse[..., None], like=like))[..., 0]
+        wide = rules.lse_dtype(like.dtype)                   # float32 beside half outputs
+        return result, layout.restore(to_numpy(lse[..., None], like=wide))[..., 0]
 
     # ------------------------------------------------------------------ paged, merge
     def paged_sdpa(self, q, k_pages, v_pages, *, block_table, kv_lengths, sink=None,
@@ -311,4 +312,4 @@ class VllmFlashBackend(CudaAdapter):
             self.merge(merged, out, lse, states[i], logs[i], merged_lse)
             out, lse = merged, merged_lse
         return (to_numpy(out[:, 0], like=outs).reshape(outs.shape[1:]),
-                to_numpy(lse[0], like=outs).reshape(lses.shape[1:]))
+                to_numpy(lse[0], like=rules.lse_dtype(outs.dtype)).reshape(lses.shape[1:]))
