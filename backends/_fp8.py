@@ -27,6 +27,12 @@ def dequantize(x, descale=None, to_float32=lambda x: np.asarray(x).astype(np.flo
     return x * np.repeat(d, x.shape[-3] // d.shape[-1], axis=-1)[..., None, None]
 
 
+@functools.lru_cache(maxsize=64)
+def _is_fp8(dtype) -> bool:
+    """Is this dtype one of FP8 (dtype.name is slow, and every sdpa call asks)."""
+    return dtype.name in FP8
+
+
 def scaled_output(out, o_scale, fmt: str):
     """The output written with an output scale: ``out / o_scale`` in fp8 format ``fmt``
     (an ml_dtypes name), saturated at its largest finite value (e4m3fn has no infinity: an
@@ -39,8 +45,8 @@ def scaled_output(out, o_scale, fmt: str):
 
 def _format(*arrays) -> str | None:
     """The fp8 format of the first of the arrays stored in one (k's, v's, then q's)."""
-    return next((np.asarray(x).dtype.name for x in arrays if np.asarray(x).dtype.name in FP8),
-                None)
+    dtype = next((np.asarray(x).dtype for x in arrays if _is_fp8(np.asarray(x).dtype)), None)
+    return None if dtype is None else dtype.name
 
 
 def descaled(*convert, quantize=scaled_output):
