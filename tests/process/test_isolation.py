@@ -264,24 +264,51 @@ def test_a_run_killed_outright_leaves_nothing_behind(tmp_path, worked_examples_s
     assert_nothing_left(tmp_path, tag)
 
 
+#: pytest (argv[2:]), with a plugin that creates the file argv[1] once the run has
+#: collected its tests. Its hook is trylast, as is the certification's, which waits there
+#: for the backend's declaration: pluggy calls the hooks of that rank in the order of
+#: their registration, and this plugin is registered first (the certification's at
+#: pytest_configure), so its hook is the last one before that wait.
+_MARKS_COLLECTED = """
+import sys
+import pytest
+
+
+class Collected:
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self):
+        open(sys.argv[1], "w").close()
+
+
+sys.exit(pytest.main(sys.argv[2:], plugins=[Collected()]))
+"""
+
+
 def test_ctrl_c_during_a_slow_adapter_import_ends_the_run_at_once(tmp_path, worked_examples_spec):
     """The adapter takes two minutes to import (in the backend's process): Ctrl-C ends the
-    run within seconds, with its report marked incomplete, instead of after the import."""
+    run within seconds, with its report marked incomplete, instead of after the import.
+    The Ctrl-C comes once the import has started and the run has collected its tests
+    (each says so by a marker file), however long start-up takes."""
+    markers = tmp_path / "markers"
     for folder in ("tmp", "markers"):
         (tmp_path / folder).mkdir(exist_ok=True)
     tag = uuid.uuid4().hex
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", str(worked_examples_spec), "--spec-dir",
+        [sys.executable, "-c", _MARKS_COLLECTED, str(markers / "collected"),
+         str(worked_examples_spec), "--spec-dir",
          str(worked_examples_spec), "-p", "attention_conformance.plugin", "-p",
          "no:cacheprovider", "-q", "--backend", str(FAULTY / "slow_import.py:SlowImport"),
          "-k", SELECT, "--report", str(tmp_path / "reports")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
         env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "FAULTY_TEST_TAG": tag,
-             "TMPDIR": str(tmp_path / "tmp")},
+             "FAULTY_MARKERS": str(markers), "TMPDIR": str(tmp_path / "tmp")},
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(3)                           # collected, and waiting for the declaration
+    deadline = time.monotonic() + 120       # collected, and the import under way
+    while not ((markers / "importing").exists() and (markers / "collected").exists()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    out = _ended(proc, 30)                  # not the 117 s left of the import
+    out = _ended(proc, 30)                  # not the rest of the import's 120 s
     [report] = (tmp_path / "reports").glob("*.json")
     data = json.loads(report.read_text())
     assert data["complete"] is False and data["not_run"] == 2 * (SDPA_TESTS + WEIGHTS_TESTS), out
