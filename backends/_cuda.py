@@ -109,12 +109,62 @@ def to_cuda(a, device, dtype=None):
 
 
 def to_numpy(t, like=None) -> np.ndarray:
-    """A fresh NumPy array of the tensor, cast to ``like``'s dtype when given."""
+    """A fresh NumPy array of the tensor, cast to ``like``'s dtype when given (``like``:
+    an array, or a dtype itself: ``rules.lse_dtype(q.dtype)`` for an lse)."""
     from .torch import _TORCH_DTYPES, _to_numpy
 
     if like is not None:
-        t = t.to(_TORCH_DTYPES[np.dtype(like.dtype).name])
+        t = t.to(_TORCH_DTYPES[np.dtype(getattr(like, "dtype", like)).name])
     return _to_numpy(t)
+
+
+def is_fp8(a) -> bool:
+    return np.asarray(a).dtype.name in ("float8_e4m3fn", "float8_e5m2")
+
+
+def to_cuda_padded(a, device, size: int):
+    """The array as a tensor on the device, its last axis padded with zero columns to
+    ``size``; an fp8 array (ml_dtypes) as torch's float8 dtype of the same bits, padded
+    as bytes (0x00 is +0 in both formats: torch pads no float8 tensor)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ._torch_serving import FP8
+
+    a = np.ascontiguousarray(a)
+    if not is_fp8(a):
+        return pad_head(to_cuda(a, device), size)
+    bits = torch.from_numpy(a.view(np.uint8).copy())
+    bits = bits if bits.shape[-1] == size else F.pad(bits, (0, size - bits.shape[-1]))
+    return bits.view(FP8[a.dtype.name]).to(device)
+
+
+def float32_like(*arrays):
+    """What an output is converted to: float32 in an fp8 case (docs/interface.md, "fp8
+    inputs and descale factors"), else the first array's dtype (an empty array of it)."""
+    if any(is_fp8(a) for a in arrays):
+        return np.zeros(0, np.float32)
+    return np.asarray(arrays[0])
+
+
+def per_tensor(name: str, descale) -> float | None:
+    """A ``(1,)`` descale as the float FlashInfer's k_scale/v_scale take; a per (batch,
+    kv head) one is unsupported (not folded into one)."""
+    if descale is None:
+        return None
+    d = np.asarray(descale, np.float32)
+    if d.size != 1:
+        raise NotImplementedError(f"{name}: descales per (batch, kv head) {list(d.shape)}: "
+                                  "its q_scale/k_scale/v_scale are one per tensor")
+    return float(d.reshape(()))
+
+
+def sink_rows(sink, batch: tuple, hq: int) -> np.ndarray | None:
+    """The interface's sink (broadcasting to ``(*batch, Hq)``) as ``(B, Hq)``; None stays
+    None."""
+    if sink is None:
+        return None
+    return np.broadcast_to(np.asarray(sink), tuple(batch) + (hq,)).reshape(-1, hq)
 
 
 def padded_head(d: int, name: str) -> int:

@@ -6,6 +6,8 @@ Unverified on hardware, like the adapter.
 A block table becomes FlashInfer's CSR form: ``kv_indptr`` (cumulative pages per
 sequence), ``kv_indices`` (the pages of each sequence, in order) and
 ``kv_last_page_len`` (tokens in each sequence's last page), int32 as its plan takes them.
+A sink goes as the wrappers' ``run(..., sinks=)`` and fp8 descales as their per-tensor
+``q_scale``, ``k_scale``, ``v_scale`` (signatures cited in flashinfer.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import math
 import numpy as np
 
 from . import rules
-from ._cuda import pad_head, padded_head, to_cuda, to_numpy
+from ._cuda import (float32_like, is_fp8, padded_head, per_tensor, to_cuda, to_cuda_padded,
+                    to_numpy)
 
 
 def native_mask(ql: int, kl: int, causal, window):
@@ -56,28 +59,59 @@ def _shared_native(q_lengths, kv_lengths, causal, window):
 
 
 def paged_sdpa(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layout, causal,
-               scale, softcap, window, q_lengths):
+               scale, softcap, window, q_lengths, *, sinks=None, masks=None,
+               descales=(None, None, None), lse=False):
+    """out (B, Hq, Lq, Dv) of the wrappers, and with lse its log2 lse (B, Hq, Lq). sinks:
+    (B, Hq) or None; masks: each sequence's (ql, kl) mask shared by its heads, or None;
+    descales: one per tensor (FlashInfer's q_scale, k_scale, v_scale)."""
+    q = np.asarray(q)
+    q_lengths = list(q_lengths or [q.shape[2]] * q.shape[0])
+    if sinks is not None and np.any(sinks != sinks[:1]):      # one sinks row per call
+        parts = [paged_sdpa(backend, q[i:i + 1], k_pages, v_pages, block_table[i:i + 1],
+                            kv_lengths[i:i + 1], page_layout, causal, scale, softcap, window,
+                            q_lengths[i:i + 1], sinks=sinks[i:i + 1], descales=descales,
+                            masks=None if masks is None else masks[i:i + 1], lse=lse)
+                 for i in range(q.shape[0])]
+        parts = [p if lse else (p, None) for p in parts]
+        out = np.concatenate([p[0] for p in parts])
+        return (out, np.concatenate([p[1] for p in parts])) if lse else out
+    run = dict(return_lse=lse, **_scales(backend.name, descales))
+    if sinks is not None:   # run(..., sinks: [num_qo_heads] float32): prefill.py, decode.py
+        run["sinks"] = to_cuda(np.ascontiguousarray(sinks[0], np.float32), backend.device)
+    return _paged_run(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layout,
+                      causal, scale, softcap, window, q_lengths, masks, run)
+
+
+def _scales(name, descales) -> dict:
+    """run()'s q_scale, k_scale, v_scale (floats, one per tensor: it multiplies sm_scale
+    by the first two and the output by the third)."""
+    scales = {f"{x}_scale": per_tensor(name, d) for x, d in zip("qkv", descales)}
+    return {key: value for key, value in scales.items() if value is not None}
+
+
+def _paged_run(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layout, causal,
+               scale, softcap, window, q_lengths, masks, run):
     import torch
 
-    q = np.asarray(q)
     b, hq, lq, dk = q.shape
     node = 2 if page_layout == "HND" else 1
     page_size, hkv = np.shape(k_pages)[node], np.shape(k_pages)[3 - node]
-    if hkv == 1 and dk == 576 and np.shape(v_pages)[-1] == 512:
-        return _mla_paged(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layout,
-                          causal, scale, softcap, window, q_lengths)
+    if hkv == 1 and dk == 576 and np.shape(v_pages)[-1] == 512 and len(run) == 1:
+        return mla_paged(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layout,
+                         causal, scale, softcap, window, q_lengths, run["return_lse"])
     dv = np.shape(v_pages)[-1]
     size = padded_head(max(dk, dv), backend.name)
     scale = 1 / math.sqrt(dk) if scale is None else float(scale)
-    q_lengths = list(q_lengths or [lq] * b)
-    native = _shared_native(q_lengths, kv_lengths, causal, window)
+    native = _shared_native(q_lengths, kv_lengths, causal, window) if masks is None else None
     indptr, indices, last = (to_cuda(x, backend.device)
                              for x in page_csr(block_table, kv_lengths, page_size))
-    pools = tuple(pad_head(to_cuda(p, backend.device), size) for p in (k_pages, v_pages))
+    pools = tuple(to_cuda_padded(p, backend.device, size) for p in (k_pages, v_pages))
     packed = np.concatenate([np.swapaxes(q[i, :, :n], 0, 1) for i, n in enumerate(q_lengths)])
-    tq = pad_head(to_cuda(packed, backend.device), size)
+    tq = to_cuda_padded(packed, backend.device, size)
     common = dict(sm_scale=scale, logits_soft_cap=softcap, q_data_type=tq.dtype,
-                  kv_data_type=tq.dtype)
+                  kv_data_type=pools[0].dtype)
+    if is_fp8(q):               # fp8 attention writes the o_data_type it is given
+        common["o_data_type"] = torch.bfloat16
     if native is not None and lq == 1 and set(q_lengths) == {1} and \
             (native[0] or native[1] == -1):
         wrapper = backend.lib.BatchDecodeWithPagedKVCacheWrapper(backend._workspace(),
@@ -90,24 +124,42 @@ def paged_sdpa(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layou
         qo_indptr = to_cuda(np.concatenate([[0], np.cumsum(q_lengths)]).astype(np.int32),
                             backend.device)
         form = dict(causal=native[0], window_left=native[1]) if native is not None else \
-            dict(custom_mask=_flat_mask(q_lengths, kv_lengths, causal, window, backend.device))
+            dict(custom_mask=_flat_mask(q_lengths, kv_lengths, causal, window, backend.device,
+                                        masks))
         wrapper.plan(qo_indptr, indptr, indices, last, hq, hkv, size, page_size, **form,
                      **common)
-    packed_out = wrapper.run(tq, pools)[..., :dv].float()
-    out = torch.zeros((b, hq, lq, dv), dtype=torch.float32, device=backend.device)
-    for i, (start, n) in enumerate(zip(np.cumsum([0] + q_lengths[:-1]), q_lengths)):
-        out[i, :, :n] = packed_out[start:start + n].transpose(0, 1)
-    return to_numpy(out, like=q)
+    result = wrapper.run(tq, pools, **run)
+    packed_out, packed_lse = result if run["return_lse"] else (result, None)
+    like = float32_like(q, k_pages, v_pages)
+    out = _unpacked(packed_out[..., :dv].float(), q_lengths, (b, hq, lq, dv), 0.0, backend)
+    if packed_lse is None:
+        return to_numpy(out, like=like)
+    lses = _unpacked(packed_lse.float()[..., None], q_lengths, (b, hq, lq, 1), -math.inf,
+                     backend)
+    return to_numpy(out, like=like), to_numpy(lses[..., 0], like=like)
 
 
-def _flat_mask(q_lengths, kv_lengths, causal, window, device):
-    """FlashInfer's flattened custom mask: each request's (ql, kl) mask, row-major, end to
-    end."""
+def _unpacked(packed, q_lengths, shape, fill, backend):
+    """Packed rows (nnz, Hq, D) as (B, Hq, Lq, D), rows past a sequence's queries ``fill``."""
     import torch
 
-    parts = [np.broadcast_to(rules.allowed(ql, kl, causal, window), (ql, kl)).ravel()
-             if causal is not None or window is not None else np.ones(ql * kl, bool)
-             for ql, kl in zip(q_lengths, kv_lengths)]
+    full = torch.full(shape, fill, dtype=torch.float32, device=backend.device)
+    for i, (start, n) in enumerate(zip(np.cumsum([0] + q_lengths[:-1]), q_lengths)):
+        full[i, :, :n] = packed[start:start + n].transpose(0, 1)
+    return full
+
+
+def _flat_mask(q_lengths, kv_lengths, causal, window, device, masks=None):
+    """FlashInfer's flattened custom mask: each request's (ql, kl) mask (``masks``' and
+    causal's and window's), row-major, end to end."""
+    import torch
+
+    parts = []
+    for i, (ql, kl) in enumerate(zip(q_lengths, kv_lengths)):
+        allowed = rules.and_masks(None if masks is None else masks[i],
+                                  rules.allowed(ql, kl, causal, window))
+        parts.append(np.ones(ql * kl, bool) if allowed is None else
+                     np.broadcast_to(allowed, (ql, kl)).ravel())
     return torch.from_numpy(np.concatenate(parts)).to(device)
 
 
@@ -161,31 +213,37 @@ def mla_sdpa(backend, q, k, layout, causal, scale, q_lengths, kv_lengths, lse):
         if lse:
             lses[i, :, :n] = s[start:start + n].float().transpose(0, 1)
     result = layout.restore(to_numpy(full, like=q))
-    return result, (layout.restore(to_numpy(lses[..., None], like=q))[..., 0] if lse else None)
+    wide = rules.lse_dtype(np.asarray(q).dtype)              # float32 beside half outputs
+    return result, (layout.restore(to_numpy(lses[..., None], like=wide))[..., 0] if lse else None)
 
 
-def _mla_paged(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layout, causal,
-               scale, softcap, window, q_lengths):
-    import torch
-
+def mla_paged(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layout, causal,
+              scale, softcap, window, q_lengths, lse=False, qv=None):
+    """Paged latent attention: FlashMLA's form (pages of 576 whose first 512 columns are
+    V) or, with qv, the absorbed one (q_pe = q, q_nope = qv, kpe = the key pages of 64,
+    ckv = the value pages of 512: the same scores)."""
     if softcap is not None or window is not None:
         raise NotImplementedError("flashinfer: MLA takes no softcap or window")
-    pool = np.asarray(k_pages)
-    pool = pool[:, :, 0] if page_layout == "NHD" else pool[:, 0]    # (pages, page_size, 576)
-    values = np.asarray(v_pages)
-    values = values[:, :, 0] if page_layout == "NHD" else values[:, 0]
-    if not np.array_equal(values.view(np.uint8), pool[..., :512].copy().view(np.uint8)):
-        raise NotImplementedError("flashinfer: MLA reads V as the first 512 columns of the "
-                                  "latent cache; these pages hold other values")
+    one = (lambda p: np.asarray(p)[:, :, 0]) if page_layout == "NHD" else \
+        (lambda p: np.asarray(p)[:, 0])                           # (pages, page_size, D)
+    if qv is None:
+        pool = one(k_pages)
+        if not np.array_equal(one(v_pages).view(np.uint8), pool[..., :512].copy().view(np.uint8)):
+            raise NotImplementedError("flashinfer: MLA reads V as the first 512 columns of "
+                                      "the latent cache; these pages hold other values")
+        ckv, kpe = pool[..., :512], pool[..., 512:]
+    else:
+        ckv, kpe, q = one(v_pages), one(k_pages), np.concatenate([np.asarray(qv), q], axis=-1)
     b, hq, lq, _ = q.shape
     qls = list(q_lengths or [lq] * b)
     packed_q = np.concatenate([np.swapaxes(q[i, :, :n], 0, 1) for i, n in enumerate(qls)])
-    tk = to_cuda(pool, backend.device)
-    out, _ = _mla_run(backend, to_cuda(packed_q, backend.device), tk[..., :512].contiguous(),
-                      tk[..., 512:].contiguous(), qls, list(kv_lengths), block_table,
-                      pool.shape[1], _mla_causal(causal, qls, kv_lengths),
-                      1 / math.sqrt(576) if scale is None else float(scale), False)
-    full = torch.zeros((b, hq, lq, 512), device=backend.device)
-    for i, (start, n) in enumerate(zip(np.cumsum([0] + qls[:-1]), qls)):
-        full[i, :, :n] = out[start:start + n].float().transpose(0, 1)
-    return to_numpy(full, like=q)
+    out, s = _mla_run(backend, to_cuda(packed_q, backend.device),
+                      to_cuda(np.ascontiguousarray(ckv), backend.device),
+                      to_cuda(np.ascontiguousarray(kpe), backend.device), qls, list(kv_lengths),
+                      block_table, ckv.shape[1], _mla_causal(causal, qls, kv_lengths),
+                      1 / math.sqrt(576) if scale is None else float(scale), lse)
+    full = to_numpy(_unpacked(out.float(), qls, (b, hq, lq, 512), 0.0, backend), like=q)
+    if not lse:
+        return full
+    lses = _unpacked(s.float()[..., None], qls, (b, hq, lq, 1), -math.inf, backend)
+    return full, to_numpy(lses[..., 0], like=q)

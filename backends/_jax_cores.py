@@ -157,7 +157,7 @@ def _sdpa_lse_fn(q, k, v, mask, bias, sink, *, causal, scale, softcap, window,
     out = lay.restore(out.transpose(0, 2, 1, 3))
     lse = lay.restore(lse[..., None])[..., 0]
     out, lse = _with_sink(out, lse, sink)
-    return out, lse.astype(q.dtype)
+    return out, lse.astype(jnp.promote_types(q.dtype, jnp.float32))   # float32 beside half
 
 
 # ----------------------------------------------------------------- jitted entries

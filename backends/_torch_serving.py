@@ -1,6 +1,7 @@
 """The serving forms on torch tensors, for the torch adapters: partial attention states
 merged (torch has no merge op: composed from torch.exp and sums, the largest lse
-subtracted first), and fp8 inputs read through torch's own float8 dtypes."""
+subtracted first), the dtype of an lse, and fp8 inputs read through torch's own float8
+dtypes."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ def fp8_to_float32(x) -> np.ndarray:
     if x.dtype.name not in FP8:
         return x.astype(np.float32)
     return torch.from_numpy(x.view(np.uint8)).view(FP8[x.dtype.name]).to(torch.float32).numpy()
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of an lse beside outputs of ``dtype``: float32 beside float16 and bfloat16
+    (docs/interface.md, "Arrays and dtypes"), else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def merge_states(outs: torch.Tensor, lses: torch.Tensor, lse_base: str = "e"):

@@ -21,10 +21,30 @@ Each op converts the interface's arrays in, calls FlashInfer's own op, and conve
   or HND).
 - ``merge_states``: ``flashinfer.merge_states``.
 
+- a ``sink``, fp8 inputs and their descales: the paged wrappers' ``run(q, paged_kv_cache,
+  q_scale=, k_scale=, v_scale=, return_lse=, sinks=)`` (``sinks``: float32, one per query
+  head; a sink that differs between batch elements is one call per sequence; the scales
+  one float per tensor, a descale per (batch, kv head) unsupported), sdpa's K and V as
+  one page per batch element (a mask shared by the heads as its custom mask); an fp8 q
+  plans ``o_data_type=bfloat16``, and every output of an fp8 case is float32.
+- ``qv`` (absorbed MLA): ``BatchMLAPagedAttentionWrapper`` with ``q_nope = qv``,
+  ``q_pe = q``, ``ckv_cache = v``, ``kpe_cache = k`` (one kv head, Dk 64, Dv 512: the
+  sizes it compiles), which are the absorbed scores.
+
+Followed: flashinfer-ai/flashinfer fb28d724 (0.6.18), flashinfer/prefill.py
+``BatchPrefillWithPagedKVCacheWrapper.plan(qo_indptr, paged_kv_indptr,
+paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim_qk,
+page_size, ..., custom_mask=None, causal=False, sm_scale=None, window_left=-1,
+logits_soft_cap=None, q_data_type="float16", kv_data_type=None, o_data_type=None)`` and
+``run(q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
+lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None, ...)``
+(sm_scale times q_scale and k_scale, the output times v_scale), decode.py's
+``BatchDecodeWithPagedKVCacheWrapper.run`` with the same keywords.
+
 Every lse FlashInfer returns and takes is log2 (its kernels' own base): the backend
-declares ``lse_base: 2``. FlashInfer computes float16 and bfloat16 only. Heads smaller
-than 64 are padded with zero columns to 64 (``_cuda.pad_head``: exact), and ``sm_scale``
-is always passed. No bias, no sink (its sink variants are not wired here).
+declares ``lse_base: 2``. FlashInfer computes float16, bfloat16 and fp8. Heads smaller
+than 64 are padded with zero columns to 64 (``_cuda.pad_head``: exact; fp8 as bytes),
+and ``sm_scale`` is always passed. No bias.
 """
 
 from __future__ import annotations
@@ -34,8 +54,9 @@ import math
 import numpy as np
 
 from . import rules
-from ._cuda import CudaAdapter, pad_head, padded_head, refuse, to_cuda, to_numpy
-from ._flashinfer_paged import mla_sdpa, native_mask, paged_sdpa
+from ._cuda import (CudaAdapter, is_fp8, pad_head, padded_head, refuse, sink_rows, to_cuda,
+                    to_numpy)
+from ._flashinfer_paged import mla_paged, mla_sdpa, native_mask, paged_sdpa
 
 #: FlashInfer's workspace (its examples' 128 MB)
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -55,7 +76,7 @@ def is_mla(k, v, hkv: int) -> bool:
 class FlashinferBackend(CudaAdapter):
     name = "flashinfer"
     package = "flashinfer-python"
-    dtypes = frozenset({"float16", "bfloat16"})
+    dtypes = frozenset({"float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
     dtype_notes = {"float32": "FlashInfer's attention kernels take float16, bfloat16 and "
                               "fp8 only", "float64": "FlashInfer computes no float64"}
     policy = {
@@ -71,11 +92,12 @@ class FlashinferBackend(CudaAdapter):
         "sdpa": "native: single_prefill_with_kv_cache / single_decode_with_kv_cache per "
                 "sequence (custom_mask where causal/window/mask are not its own); "
                 "BlockSparseAttentionWrapper for a block mask; BatchMLAPagedAttentionWrapper "
-                "for MLA 576/512",
+                "for MLA 576/512 and qv 64/512; the paged wrappers' sinks, q_scale, k_scale, "
+                "v_scale with a sink or fp8",
         "sdpa_lse": "native: as sdpa, return_lse=True (base 2)",
         "paged_sdpa": "native: BatchDecodeWithPagedKVCacheWrapper / "
                       "BatchPrefillWithPagedKVCacheWrapper (kv_indptr, kv_indices, "
-                      "kv_last_page_len)",
+                      "kv_last_page_len; sinks, q_scale, k_scale, v_scale)",
         "merge_states": "native: flashinfer.merge_states (base 2)",
     }
 
@@ -93,12 +115,21 @@ class FlashinferBackend(CudaAdapter):
         return self._buffer
 
     # ------------------------------------------------------------------ sdpa, sdpa_lse
-    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
-             softcap=None, window=None, q_lengths=None, kv_lengths=None, q_segment_ids=None,
+    def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, qv=None, q_descale=None,
+             k_descale=None, v_descale=None, causal=None, scale=None, softcap=None,
+             window=None, q_lengths=None, kv_lengths=None, q_segment_ids=None,
              kv_segment_ids=None, block_mask=None, block_size=None):
         self._ready()
         structure = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
-        if block_mask is not None and q_lengths is None and kv_lengths is None:
+        descales = (q_descale, k_descale, v_descale)
+        if qv is not None:
+            refuse(self.name, mask=mask, bias=bias, sink=sink, q_descale=q_descale,
+                   k_descale=k_descale, v_descale=v_descale, q_segment_ids=q_segment_ids,
+                   block_mask=block_mask)
+            return self._absorbed(q, k, v, qv, causal, scale, softcap, window, q_lengths,
+                                  kv_lengths)
+        if block_mask is not None and q_lengths is None and kv_lengths is None \
+                and sink is None and not self._fp8(q, k, v, descales):
             out = self._block_sparse(q, k, v, mask, structure, block_mask, block_size,
                                      causal=causal, scale=scale, softcap=softcap,
                                      window=window, bias=bias, sink=sink)
@@ -106,13 +137,69 @@ class FlashinferBackend(CudaAdapter):
                 return out
         mask = rules.structure_mask(mask, np.shape(q), np.shape(k), block_mask=block_mask,
                                     block_size=block_size, **structure)
+        if sink is not None or self._fp8(q, k, v, descales):
+            refuse(self.name, bias=bias)
+            return self._as_pages(q, k, v, mask, causal, scale, softcap, window, q_lengths,
+                                  kv_lengths, sink, descales, False)
         return self._attend(q, k, v, mask, causal, scale, softcap, window, q_lengths,
                             kv_lengths, bias=bias, sink=sink)[0]
 
     def sdpa_lse(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,
                  softcap=None, window=None):
+        if sink is not None:
+            self._ready()
+            refuse(self.name, bias=bias)
+            return self._as_pages(q, k, v, mask, causal, scale, softcap, window, None, None,
+                                  sink, (None, None, None), True)
         return self._attend(q, k, v, mask, causal, scale, softcap, window, None, None,
                             bias=bias, sink=sink, lse=True)
+
+    @staticmethod
+    def _fp8(q, k, v, descales) -> bool:
+        return any(is_fp8(x) for x in (q, k, v)) or any(d is not None for d in descales)
+
+    def _as_pages(self, q, k, v, mask, causal, scale, softcap, window, q_lengths, kv_lengths,
+                  sink, descales, lse):
+        """sdpa / sdpa_lse through the paged wrappers (their sinks and scales): each batch
+        element's keys and values one page, a mask (shared by the heads) its custom mask."""
+        rules.check_causal(causal)
+        layout = rules.Layout(q, k, v, mask)
+        q4, k4, v4 = layout.fold(np.asarray(q), np.asarray(k), np.asarray(v), np.broadcast_to)
+        masks = layout.scores(mask, np.broadcast_to, every_row=True)
+        if masks is not None and masks.shape[1] != 1 and \
+                any(not np.array_equal(m[0], h) for m in masks for h in m[1:]):
+            raise NotImplementedError(f"{self.name}: a mask that differs between heads with a "
+                                      "sink or fp8 (the paged wrappers' custom mask is one "
+                                      "per request)")
+        qls = list(q_lengths or [layout.lq] * layout.b)
+        kls = list(kv_lengths or [layout.lk] * layout.b)
+        pools = [np.swapaxes(x, 1, 2) for x in (k4, v4)]        # (B, Lk, Hkv, D): NHD pages
+        result = paged_sdpa(
+            self, q4, *pools, [[b] for b in range(layout.b)], kls, "NHD", causal, scale,
+            softcap, window, qls, sinks=sink_rows(sink, layout.batch, layout.hq),
+            masks=None if masks is None else [m[0, :ql, :kl] for m, ql, kl in
+                                               zip(masks, qls, kls)],
+            descales=descales, lse=lse)
+        out, lses = result if lse else (result, None)
+        return (layout.restore(out), layout.restore(lses[..., None])[..., 0]) if lse else \
+            layout.restore(out)
+
+    def _absorbed(self, q, k, v, qv, causal, scale, softcap, window, q_lengths, kv_lengths):
+        """The absorbed form as FlashInfer's MLA: [qv, q] against [v, k] (ckv then kpe)."""
+        q, k, v, qv = (np.asarray(x) for x in (q, k, v, qv))
+        if k.shape[-3] != 1 or k.shape[-1] != 64 or v.shape[-1] != 512:
+            raise NotImplementedError(
+                f"{self.name}: qv goes through BatchMLAPagedAttentionWrapper, which takes one "
+                f"kv head, a rope part of 64 and a latent of 512 (here {k.shape[-3]} heads, "
+                f"{k.shape[-1]} and {v.shape[-1]})")
+        keys = np.broadcast_shapes(k.shape[:-1], v.shape[:-1])
+        wide_q = np.concatenate([qv, q], axis=-1)
+        wide_k = np.concatenate([np.broadcast_to(v, keys + (512,)),
+                                 np.broadcast_to(k, keys + (64,))], axis=-1)
+        layout = rules.Layout(wide_q, wide_k, wide_k)
+        return self._mla_sdpa(wide_q, wide_k, layout, None, causal,
+                              1 / math.sqrt(576) if scale is None else float(scale), softcap,
+                              window, q_lengths, kv_lengths, False)[0]
 
     def _attend(self, q, k, v, mask, causal, scale, softcap, window, q_lengths, kv_lengths,
                 *, bias, sink, lse=False):
@@ -138,7 +225,8 @@ class FlashinferBackend(CudaAdapter):
             if lse:
                 lses[b, :, :ql[b]] = s
         result = layout.restore(to_numpy(out, like=q))
-        return result, (layout.restore(to_numpy(lses[..., None], like=q))[..., 0]
+        wide = rules.lse_dtype(np.asarray(q).dtype)          # float32 beside half outputs
+        return result, (layout.restore(to_numpy(lses[..., None], like=wide))[..., 0]
                         if lse else None)
 
     def _empty(self, q4, dv, lse):
@@ -238,13 +326,26 @@ class FlashinferBackend(CudaAdapter):
 
     # ------------------------------------------------------------------ paged, MLA, merge
     def paged_sdpa(self, q, k_pages, v_pages, *, block_table, kv_lengths, sink=None,
+                   qv=None, q_descale=None, k_descale=None, v_descale=None,
                    page_layout="NHD", causal=None, scale=None, softcap=None, window=None,
                    q_lengths=None):
         self._ready()
-        refuse(self.name, sink=sink)
         rules.check_causal(causal)
+        if qv is not None:
+            refuse(self.name, sink=sink, q_descale=q_descale, k_descale=k_descale,
+                   v_descale=v_descale)
+            node = 2 if page_layout == "HND" else 1
+            if np.shape(k_pages)[3 - node] != 1 or np.shape(k_pages)[-1] != 64 or \
+                    np.shape(v_pages)[-1] != 512:
+                raise NotImplementedError(f"{self.name}: qv goes through "
+                                          "BatchMLAPagedAttentionWrapper: one kv head, a rope "
+                                          "part of 64 and a latent of 512")
+            return mla_paged(self, np.asarray(q), k_pages, v_pages, block_table, kv_lengths,
+                             page_layout, causal, scale, softcap, window, q_lengths, qv=qv)
         return paged_sdpa(self, q, k_pages, v_pages, block_table, kv_lengths, page_layout,
-                          causal, scale, softcap, window, q_lengths)
+                          causal, scale, softcap, window, q_lengths,
+                          sinks=sink_rows(sink, (np.shape(q)[0],), np.shape(q)[1]),
+                          descales=(q_descale, k_descale, v_descale))
 
     def _mla_sdpa(self, q, k, layout, mask, causal, scale, softcap, window, q_lengths,
                   kv_lengths, lse):
@@ -263,4 +364,4 @@ class FlashinferBackend(CudaAdapter):
         out, lse = self.lib.merge_states(v.transpose(0, 1).contiguous(),
                                          s.transpose(0, 1).contiguous())
         return (to_numpy(out[:, 0, :dv], like=outs).reshape(outs.shape[1:]),
-                to_numpy(lse[:, 0], like=outs).reshape(lses.shape[1:]))
+                to_numpy(lse[:, 0], like=rules.lse_dtype(outs.dtype)).reshape(lses.shape[1:]))

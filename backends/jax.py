@@ -295,8 +295,8 @@ class JaxBackend:
         with self._running():
             q, k, v, bias, sink = _arrays(q, k, v, bias, sink)
             params = _sdpa_params(q, causal, scale, softcap, window, self.implementation)
-            out = cores.sdpa_lse(q, k, v, _mask(mask), bias, sink, **params)
-            return tuple(_result(x) for x in out)
+            out, lse = cores.sdpa_lse(q, k, v, _mask(mask), bias, sink, **params)
+            return _result(out), np.asarray(lse).astype(rules.lse_dtype(q.dtype))
 
     @rules.sized()
     @rules.structure_as_mask

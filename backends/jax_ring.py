@@ -176,13 +176,13 @@ class JaxRingBackend:
              shard=None):
         program, places = self._ring(shard, q, k, causal, window, scale, softcap, False,
                                      (q_segment_ids, kv_segment_ids, block_mask, block_size))
-        return self._result(program(*self._inputs(q, k, v), *places)[0], q)
+        return self._result(program(*self._inputs(q, k, v), *places)[0], q.dtype)
 
     def sdpa_lse(self, q, k, v, *, causal=None, scale=None, softcap=None, window=None,
                  shard=None):
         program, places = self._ring(shard, q, k, causal, window, scale, softcap, False)
         out, lse = program(*self._inputs(q, k, v), *places)
-        return self._result(out, q), self._result(lse, q)
+        return self._result(out, q.dtype), self._result(lse, rules.lse_dtype(q.dtype))
 
     def sdpa_vjp(self, q, k, v, d_out, *, causal=None, scale=None, softcap=None, window=None,
                  q_segment_ids=None, kv_segment_ids=None, block_mask=None, block_size=None,
@@ -190,7 +190,7 @@ class JaxRingBackend:
         program, places = self._ring(shard, q, k, causal, window, scale, softcap, True,
                                      (q_segment_ids, kv_segment_ids, block_mask, block_size))
         grads = program(*self._inputs(q, k, v, d_out), *places)
-        return tuple(self._result(g, q) for g in grads)
+        return tuple(self._result(g, q.dtype) for g in grads)
 
     def _ring(self, shard, q, k, causal, window, scale, softcap, vjp,
               structure=(None, None, None, None)):
@@ -241,5 +241,5 @@ class JaxRingBackend:
         return [jnp.asarray(a, dtype=dtype) for a in arrays]
 
     @staticmethod
-    def _result(x, like) -> np.ndarray:
-        return np.array(np.asarray(x).astype(like.dtype), copy=True)
+    def _result(x, dtype) -> np.ndarray:
+        return np.array(np.asarray(x).astype(dtype), copy=True)

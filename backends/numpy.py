@@ -346,7 +346,7 @@ class NumpyBackend:
         q, k, v, bias, sink = (_cast(a, ct) for a in (q, k, v, bias, sink))
         out, lse = _sdpa_lse(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
                              softcap=softcap, window=window, sink=sink)
-        return out.astype(dt), lse.astype(dt)
+        return out.astype(dt), lse.astype(rules.lse_dtype(dt))
 
     @rules.lengths_as_mask
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, sink=None, causal=None,
@@ -394,4 +394,4 @@ class NumpyBackend:
     def merge_states(self, outs, lses):
         dt, _ = _dtypes(np.asarray(outs))
         out, lse = rules.merge_states(outs, lses, self.policy["lse_base"])
-        return out.astype(dt), lse.astype(dt)
+        return out.astype(dt), lse.astype(rules.lse_dtype(dt))

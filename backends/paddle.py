@@ -347,7 +347,7 @@ class PaddleBackend:
         ts = None if sink is None else _to_paddle(sink, dt)
         out, lse, _ = _composed_lse(tq, tk, tv, mask=mask, bias=tb, sink=ts, causal=causal,
                                     scale=scale, softcap=softcap, window=window)
-        return _to_numpy(out), _to_numpy(lse)
+        return _to_numpy(out), _to_numpy(lse.astype(rules.lse_dtype(dt).name))
 
     def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
         dt = self._dtype(x)

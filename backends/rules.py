@@ -33,7 +33,7 @@ Functions and classes:
   matrices this machine cannot hold (NotImplementedError: the test is unsupported, by size);
 - ``gather_pages``: a paged KV cache read back as contiguous keys and values;
 - ``merge_states``: partial attention states (output, lse) merged, in base e or 2;
-- ``dequantize``, ``descaled`` (fp8 times descales), ``fold_qv`` (MLA's absorbed ``qv``).
+- ``dequantize``, ``descaled`` (fp8 times descales), ``fold_qv`` (MLA's ``qv``), ``lse_dtype``.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import numpy as np
 
 from ._fp8 import FP8, dequantize, descaled  # noqa: F401 (fp8: part of this module's API)
 from .absorbed import fold_qv, qv_folded as _qv_folded  # noqa: F401 (fold_qv: public)
+from ._outputs import lse_dtype  # noqa: F401 (public)
 
 #: the values of ``causal``
 CAUSAL = (None, "top_left", "bottom_right")
@@ -70,9 +71,8 @@ def causal_offset(lq: int, lk: int, causal) -> int:
 
 def window_sides(window) -> tuple:
     """(left, right) of a window as ints, None for an open side (None or negative)."""
-    if window is None:
-        return None, None
-    return tuple(None if side is None or side < 0 else int(side) for side in window)
+    return (None, None) if window is None else tuple(
+        None if side is None or side < 0 else int(side) for side in window)
 
 
 def allowed(lq: int, lk: int, causal=None, window=None, *, offset=None):

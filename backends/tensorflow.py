@@ -306,7 +306,7 @@ class TensorflowBackend:
                  softcap=None, window=None):
         dtype = _dtype_name(q, k, v)
         out, lse, _ = self._composed(q, k, v, mask, bias, sink, causal, scale, softcap, window)
-        return _numpy(out, dtype), _numpy(lse, dtype)
+        return _numpy(out, dtype), _numpy(lse, dtype).astype(rules.lse_dtype(dtype))
 
     @staticmethod
     def _composed(q, k, v, mask, bias, sink, causal, scale, softcap, window):

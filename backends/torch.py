@@ -395,7 +395,7 @@ class TorchBackend:
             ts = None if sink is None else _to_torch(sink, tq.dtype)
             out, lse = path(tq, tk, tv, mask=tm, bias=tb, sink=ts, causal=causal, scale=scale,
                             softcap=softcap, window=window)
-            return _to_numpy(out), _to_numpy(lse)
+            return _to_numpy(out), _to_numpy(lse.to(_torch_serving.lse_dtype(tq.dtype)))
 
     @rules.sized(streams=_streams)
     @rules.lengths_as_mask
@@ -447,4 +447,4 @@ class TorchBackend:
             wide = torch.float64 if dt == torch.float64 else torch.float32
             out, lse = _torch_serving.merge_states(_to_torch(outs, wide), _to_torch(lses, wide),
                                                    self.policy["lse_base"])
-            return _to_numpy(out.to(dt)), _to_numpy(lse.to(dt))
+            return _to_numpy(out.to(dt)), _to_numpy(lse.to(_torch_serving.lse_dtype(dt)))

@@ -89,7 +89,7 @@ class TorchRingBackend:
                  shard=None):
         ring = self._ring(shard, q, k, causal, window)
         out, lse = self._forward(ring, *self._tensors(q, k, v), scale, softcap)
-        return self._numpy(out, q), self._numpy(lse, q)
+        return self._numpy(out, q), _to_numpy(lse)     # float32 beside half: computed in it
 
     def sdpa_vjp(self, q, k, v, d_out, *, causal=None, scale=None, softcap=None, window=None,
                  q_segment_ids=None, kv_segment_ids=None, block_mask=None, block_size=None,

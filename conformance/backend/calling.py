@@ -99,9 +99,9 @@ def output_tuple(op, arrays, result) -> tuple:
 
 def checked_outputs(op, raw, arrays, params, dtype) -> dict:
     """output name -> float64 copy of each output, after checking type, shape and dtype
-    (the case dtype's output_dtype: float32 for fp8)."""
+    (output_dtype: the case's, float32 for fp8 and for an lse beside half outputs)."""
     shapes = output_shapes(op, {n: a.shape for n, a in arrays.items()}, params)
-    return {name: _validated(name, value, shape, output_dtype(dtype))
+    return {name: _validated(name, value, shape, output_dtype(dtype, name, params))
             for name, value, shape in zip(outputs_for(op, arrays), raw, shapes)}
 
 

@@ -24,6 +24,7 @@ import signal
 
 import numpy as np
 
+from ..model.dtypes import dtype_name, numpy_dtype, output_dtype
 from ..model.layout import split as split_layout, views as strided_views
 from ..model.errors import BackendCrashed, BackendRaised, CheckFailure, Unsupported
 from ..model.ops import OPS, output_shapes, outputs_for
@@ -232,10 +233,9 @@ def _gathered(op, arrays, params, results, places):
     """The whole outputs from each rank's rows (CheckFailure for a rank's wrong output)."""
     names = outputs_for(op, arrays)
     shapes = output_shapes(op, {n: a.shape for n, a in arrays.items()}, params)
-    dtype = arrays["q"].dtype
     whole = []
     for i, (name, shape) in enumerate(zip(names, shapes)):
-        parts = []
+        parts, dtype = [], numpy_dtype(output_dtype(dtype_name(arrays["q"].dtype), name, params))
         for r, outputs in enumerate(results):
             part, expected = outputs[i], shard_shape(name, shape, places, r)
             if not isinstance(part, np.ndarray) or part.shape != expected or part.dtype != dtype:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend.interface import policy_for
-from ..model.dtypes import numpy_dtype
+from ..model.dtypes import input_dtype, numpy_dtype
 from ..model.tolerances import Tolerances
 
 
@@ -52,8 +52,10 @@ class Context:
                                                **params)
 
     def cast(self, array, name=None):
-        """A float64 array as the backend receives it (input `name`'s dtype, by default
-        the case's; bool unchanged)."""
+        """A float64 array as the backend receives it (input `name`'s dtype: the case's
+        own for it, else model/dtypes.py's input_dtype; without a name the case's; bool
+        unchanged)."""
         array = np.asarray(array)
-        dtype = self.case.input_dtypes(self.dtype).get(name, self.dtype)
+        dtype = self.case.input_dtypes(self.dtype).get(name) or (
+            input_dtype(self.dtype, name) if name else self.dtype)
         return array if array.dtype == bool else array.astype(numpy_dtype(dtype))

@@ -152,13 +152,14 @@ def check_golden(ctx: Context, policy=None) -> float:
     return worst
 
 
-def exact_value(ctx: Context, value, shape):
-    """The expected exact value of a spec 'exact' entry, rounded to the outputs' dtype."""
+def exact_value(ctx: Context, value, shape, output=None):
+    """The expected exact value of a spec 'exact' entry, rounded to the dtype of its
+    output (model/dtypes.py output_dtype)."""
     if isinstance(value, dict):
         source = ctx.exact_inputs[value["input"]][parse_index(value.get("at", "[...]"))]
         return np.broadcast_to(source, shape)
-    return np.broadcast_to(round_to(np.array(value, dtype=np.float64), output_dtype(ctx.dtype)),
-                           shape)
+    dtype = output_dtype(ctx.dtype, output, ctx.params)
+    return np.broadcast_to(round_to(np.array(value, dtype=np.float64), dtype), shape)
 
 
 def target(ctx: Context, text: str):
@@ -172,7 +173,7 @@ def check_exact(ctx: Context, exact: dict, policy=None) -> None:
     n = digits(ctx.dtype)
     for text, value in exact.items():
         output, _, actual = target(ctx, text)
-        expected = exact_value(ctx, value, np.shape(actual))
+        expected = exact_value(ctx, value, np.shape(actual), output)
         same = _rebased_equal(ctx, output, actual, expected)
         if same is None:
             same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))

@@ -343,8 +343,9 @@ def cascade_merge(ctx: Context, prefix: int):
         prefix, own[n].shape[-1])), own[n]], axis=-2) for n in ("k", "v")}}
     parts = [ctx.call(shared, causal=None), ctx.call(own), ctx.call(whole)]
     to_merge = natural_lse(ctx, ctx.case.op) / natural_lse(ctx, "merge_states")
-    got_out, got_lse = ctx.call({"outs": ctx.cast(np.stack([parts[0][0], parts[1][0]])),
-                                 "lses": ctx.cast(np.stack([parts[0][1], parts[1][1]]) * to_merge)},
+    got_out, got_lse = ctx.call({"outs": ctx.cast(np.stack([parts[0][0], parts[1][0]]), "outs"),
+                                 "lses": ctx.cast(np.stack([parts[0][1], parts[1][1]]) * to_merge,
+                                                  "lses")},
                                 op="merge_states")
     out, lse = parts[2]
     got_lse = got_lse * natural_lse(ctx, "merge_states")

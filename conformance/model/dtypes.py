@@ -41,6 +41,11 @@ QUANTIZED_INPUTS = ("q", "k", "v", "k_pages", "v_pages")
 WIDE = "float32"
 #: inputs whose dtype is fixed whatever the case's: the descale factors of fp8
 FIXED_INPUT_DTYPES = {"q_descale": WIDE, "k_descale": WIDE, "v_descale": WIDE}
+#: the half-precision dtypes, beside which a log-sum-exp is float32 (FlashAttention's
+#: softmax_lse, FlashInfer's lse and merge_state's s, vLLM's merge_attn_states)
+HALF = ("float16", "bfloat16")
+#: the log-sum-exps: sdpa_lse's and merge_states' output `lse`, merge_states' input `lses`
+LSE_NAMES = ("lse", "lses")
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -56,19 +61,26 @@ def dtype_name(dtype) -> str | None:
     return None
 
 
-def output_dtype(case_dtype: str) -> str:
-    """The dtype of every output of a case of this dtype: its own, float32 for fp8."""
+def output_dtype(case_dtype: str, name: str | None = None, params=None) -> str:
+    """The dtype of output `name` of a case of this dtype (docs/interface.md, "Arrays and
+    dtypes"): its own, float32 for fp8; a log-sum-exp (LSE_NAMES) float32 beside float16
+    and bfloat16."""
+    if name in LSE_NAMES and case_dtype in HALF:
+        return WIDE
     return WIDE if case_dtype in FP8_MAX else case_dtype
 
 
 def input_dtype(case_dtype: str, name: str, passed_as: str | None = None) -> str:
     """The dtype input `name` of a case of dtype `case_dtype` is given in: its own
     `passed_as` (mixed dtypes: a float32 bias beside bfloat16 q, k, v), a fixed one (the
-    descales), float32 for the inputs an fp8 case does not quantize, else the case's."""
+    descales), float32 for merge_states' lses beside half outputs and for the inputs an
+    fp8 case does not quantize, else the case's."""
     if passed_as:
         return passed_as
     if name in FIXED_INPUT_DTYPES:
         return FIXED_INPUT_DTYPES[name]
+    if name in LSE_NAMES and case_dtype in HALF:
+        return WIDE
     if case_dtype in FP8_MAX and name not in QUANTIZED_INPUTS:
         return WIDE
     return case_dtype

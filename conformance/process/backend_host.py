@@ -29,7 +29,7 @@ from ..backend.interface import declare
 from ..backend.resolve import BackendLoadError, load_backend
 from ..model.errors import BackendRaised, CheckFailure, Unsupported
 from . import protocol
-from .spawn import end_with_parent
+from .spawn import SPILL_ENV, end_with_parent
 from .wire import MAX_ANSWER_BYTES, Channel, WireError, array_bytes
 
 
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     sock = socket.socket(fileno=int(argv[0]))
     sock.set_inheritable(False)
     os.register_at_fork(after_in_child=sock.close)
-    channel = Channel(sock)
+    channel = Channel(sock, spill_from=os.environ.get(SPILL_ENV))      # spill.py
     try:
         adapter = load_backend(argv[1], argv[2] if len(argv) > 2 else None)
     except BackendLoadError as exc:

@@ -68,7 +68,7 @@ class BackendProcess:
     def __init__(self, options: protocol.JudgeOptions, launched=None):
         """launched: (process, socket, log, tag) of one spawn.start_backend() started."""
         self.proc, sock, self.log, self.tag = launched or spawn.start_backend(options)
-        self.channel = Channel(sock)
+        self.channel = Channel(sock, spill_to=options.log_dir or None)   # spill.py
         self.calls = 0
         self.loaded_mib = self.held_mib = self.loaded_maps = self.held_maps = None
 

@@ -33,17 +33,19 @@ SOCKET_BYTES = 256 * 1024
 #: it) and one per backend process (that process and everything below it)
 RUN_TAG = "ATTENTION_CONFORMANCE_RUN"
 BACKEND_TAG = "ATTENTION_CONFORMANCE_BACKEND"
+#: names the judge's folder to a backend's process, which reads large arrays there (spill.py)
+SPILL_ENV = "ATTENTION_CONFORMANCE_SPILL"
 
 
 def new_tag() -> str:
     return secrets.token_hex(8)
 
 
-def start(module: str, arguments: list, log, tag: tuple[str, str]):
+def start(module: str, arguments: list, log, tag: tuple[str, str], env=None):
     """Start ``python -m attention_conformance.process.MODULE FD *arguments`` in a session
     of its own (Ctrl-C at the terminal is its runner's to handle), writing to log, with
-    tag (an environment variable and its value). Returns (the process, this end of the
-    socket pair whose other end is FD)."""
+    tag (an environment variable and its value) and env (more of them). Returns (the
+    process, this end of the socket pair whose other end is FD)."""
     ours, theirs = socket.socketpair()
     for end in (ours, theirs):      # room for calls sent ahead both ways (macOS: 8 KiB)
         end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BYTES)
@@ -54,18 +56,20 @@ def start(module: str, arguments: list, log, tag: tuple[str, str]):
                str(theirs.fileno()), *arguments]
     proc = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, tag[0]: tag[1]})
+                            env={**os.environ, tag[0]: tag[1], **(env or {})})
     theirs.close()
     return proc, ours
 
 
 def start_backend(options):
     """(process, socket, log, tag) of a fresh backend process (backend_host.py), its log
-    in the judge's folder. options: protocol.JudgeOptions."""
+    in the judge's folder, which it reads large arrays from (spill.py). options:
+    protocol.JudgeOptions."""
     log = log_file(options.log_dir or None)
     tag = (BACKEND_TAG, new_tag())
     arguments = [options.reference] + ([options.device] if options.device else [])
-    return (*start("backend_host", arguments, log, tag), log, tag)
+    env = {SPILL_ENV: options.log_dir} if options.log_dir else {}
+    return (*start("backend_host", arguments, log, tag, env), log, tag)
 
 
 def start_judge(options):

@@ -7,6 +7,10 @@ A Channel reads and writes frames on a socket under a deadline: bytes that are n
 frame (an adapter writing on the suite's socket), a frame over the size limit, a peer
 that sends nothing or stops reading are each an error at once or at the deadline, never
 a read that waits forever.
+
+A channel given a spill folder (spill.py: the judge's, towards the backend's process)
+sends an array of spill.SPILL_BYTES or more as a file there, named in the frame, so
+that no frame carries it; the other end, given the same folder, reads and deletes it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 from ..model.dtypes import NUMPY_DTYPES
 from . import protocol
+from .spill import SPILL_BYTES, SpillError, SpillFolder
 
 #: the dtypes an array may have on the wire: the spec's, bool, and integers
 WIRE_DTYPES = {**NUMPY_DTYPES, "bool": np.dtype(bool), "int64": np.dtype(np.int64),
@@ -49,18 +54,21 @@ class WireTimeout(Exception):
 _LEAVES = frozenset((str, int, float, bool, type(None)))
 
 
-def _encode(value, buffers: list):
+def _encode(value, buffers: list, spill: SpillFolder | None = None):
     kind = type(value)
     if kind in _LEAVES:                 # most of a message: its leaves, first
         return value
     if kind is dict and all(type(k) is str for k in value):
-        return {"__dict__": {k: _encode(v, buffers) for k, v in value.items()}}
+        return {"__dict__": {k: _encode(v, buffers, spill) for k, v in value.items()}}
     if kind is list or kind is tuple:
-        return {"__tuple__" if kind is tuple else "__list__": [_encode(v, buffers) for v in value]}
+        return {"__tuple__" if kind is tuple else "__list__":
+                [_encode(v, buffers, spill) for v in value]}
     if kind is np.ndarray:
         name = _NAMES.get(value.dtype)
         if name is None:
             return {"__object__": f"numpy.ndarray of dtype {value.dtype}"}
+        if spill is not None and value.nbytes >= SPILL_BYTES:
+            return {"__file__": spill.write(value), "dtype": name, "shape": list(value.shape)}
         buffers.append(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
         return {"__array__": len(buffers) - 1, "dtype": name, "shape": list(value.shape)}
     if isinstance(value, np.ndarray):          # a subclass: refused by the runner
@@ -78,7 +86,7 @@ class Foreign:
         return f"<{self.type_name}>"
 
 
-def _decode(value, buffers: list):
+def _decode(value, buffers: list, spill: SpillFolder | None = None):
     if isinstance(value, dict):
         if "__array__" in value:
             dtype = WIRE_DTYPES.get(value.get("dtype"))
@@ -91,21 +99,35 @@ def _decode(value, buffers: list):
             except (ValueError, TypeError) as exc:
                 raise WireError(f"bad array in message: {exc}") from None
         if "__tuple__" in value:
-            return tuple(_decode(v, buffers) for v in value["__tuple__"])
+            return tuple(_decode(v, buffers, spill) for v in value["__tuple__"])
         if "__list__" in value:
-            return [_decode(v, buffers) for v in value["__list__"]]
+            return [_decode(v, buffers, spill) for v in value["__list__"]]
         if "__dict__" in value:
-            return {str(k): _decode(v, buffers) for k, v in value["__dict__"].items()}
+            return {str(k): _decode(v, buffers, spill) for k, v in value["__dict__"].items()}
+        if "__file__" in value:
+            return _spilled(value, spill)
         if "__object__" in value:
             return Foreign(str(value["__object__"]), bool(value.get("subclass")))
         raise WireError(f"unknown message part: {sorted(value)}")
     return value
 
 
-def frame(msg) -> bytes:
-    """One message as the bytes of its frame."""
+def _spilled(value: dict, spill: SpillFolder | None) -> np.ndarray:
+    """An array sent as a file (spill.py), read and deleted."""
+    dtype, shape = WIRE_DTYPES.get(value.get("dtype")), value.get("shape")
+    if spill is None or dtype is None or not isinstance(shape, list) \
+            or not all(type(n) is int and n >= 0 for n in shape):
+        raise WireError(f"bad spilled array in message: {value!r}"[:200])
+    try:
+        return spill.read(value["__file__"], dtype, shape)
+    except SpillError as exc:
+        raise WireError(str(exc)) from None
+
+
+def frame(msg, spill: SpillFolder | None = None) -> bytes:
+    """One message as the bytes of its frame (its large arrays written to spill)."""
     buffers: list = []
-    body = _encode(protocol.encode(msg), buffers)
+    body = _encode(protocol.encode(msg), buffers, spill)
     spans, offset = [], 0
     for buffer in buffers:
         spans.append([offset, len(buffer)])
@@ -125,7 +147,7 @@ def array_bytes(value) -> int:
     return 0
 
 
-def _parse(data: memoryview):
+def _parse(data: memoryview, spill: SpillFolder | None = None):
     size = _HEAD.size
     _, length, header_size = _HEAD.unpack(data[:size])
     try:
@@ -141,16 +163,20 @@ def _parse(data: memoryview):
             raise WireError(f"bad buffer span {span!r}"[:200])
         buffers.append(payload[span[0]:span[0] + span[1]])
     try:
-        return protocol.decode(_decode(body, buffers))
+        return protocol.decode(_decode(body, buffers, spill))
     except protocol.ProtocolError as exc:
         raise WireError(str(exc)) from None
 
 
 class Channel:
-    """One end of a socket pair, carrying frames."""
+    """One end of a socket pair, carrying frames. spill_to: the folder this end writes
+    its large arrays to; spill_from: the folder it reads them from (spill.py)."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, spill_to: str | None = None,
+                 spill_from: str | None = None):
         self.sock = sock
+        self._spill_to = SpillFolder(spill_to) if spill_to else None
+        self._spill_from = SpillFolder(spill_from) if spill_from else None
         self._in = bytearray()
         self._poll = None
         if hasattr(select, "poll"):
@@ -161,14 +187,18 @@ class Channel:
         return self.sock.fileno()
 
     def close(self):
+        """Close the socket; delete the arrays written that the other end did not take."""
         self.sock.close()
+        for folder in (self._spill_to, self._spill_from):
+            if folder is not None:
+                folder.clear()
 
     # --- writing -------------------------------------------------------------------------
     def send(self, *messages, deadline: float | None = None) -> None:
         """Write the messages' frames in one write (a sleeping reader wakes once for them
         all); WireTimeout if the reader has not taken them by the deadline (monotonic),
         OSError if it is gone."""
-        data = memoryview(b"".join(frame(m) for m in messages))
+        data = memoryview(b"".join(frame(m, self._spill_to) for m in messages))
         if deadline is None:
             self.sock.sendall(data)
             return
@@ -198,7 +228,7 @@ class Channel:
             if end is not None:
                 data = self._in[:end]       # one copy (its arrays are copied out again)
                 del self._in[:end]
-                return _parse(memoryview(data))
+                return _parse(memoryview(data), self._spill_from)
             self._fill(deadline)
 
     def _whole(self) -> int | None:

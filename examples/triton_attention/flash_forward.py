@@ -85,7 +85,7 @@ class TritonFlashForward:
 
     def sdpa_lse(self, q, k, v, *, causal=None, scale=None):
         out, lse = self._run(q, k, v, causal, scale)
-        return out, lse.astype(q.dtype)
+        return out, lse.astype(np.float32)      # float32 beside float16 too (the interface's)
 
     def _run(self, q, k, v, causal, scale):
         if q.ndim < 2 or not k.ndim == v.ndim == q.ndim:

@@ -26,17 +26,20 @@ from attention_conformance.backends.vllm_flash import VllmFlashBackend
 LN2 = math.log(2.0)
 
 
-def attend(q, k, v, allowed, scale, cap=None):
+def attend(q, k, v, allowed, scale, cap=None, sink=None, out_dtype=None):
     """q (ql, Hq, D), k (kl, Hkv, D), v (kl, Hkv, Dv), allowed (ql, kl) -> out (ql, Hq,
-    Dv) of q's dtype and the natural lse (Hq, ql) in float64; a row without keys: 0, -inf."""
+    Dv) of out_dtype (q's) and the natural lse (Hq, ql) in float64; a row without keys: 0,
+    -inf. sink (Hq,): one more key per head, of value 0, in every row's denominator."""
     group = q.shape[1] // k.shape[1]
     k, v = (t.double().repeat_interleave(group, 1) for t in (k, v))
     s = torch.einsum("qhd,khd->hqk", q.double(), k)
     s = cap * torch.tanh(s * scale / cap) if cap else s * scale
     s = s.masked_fill(~allowed.bool(), -math.inf)
     lse = torch.logsumexp(s, -1)
+    if sink is not None:
+        lse = torch.logaddexp(lse, sink.double()[:, None].expand_as(lse))
     p = torch.where(torch.isinf(lse)[..., None], 0.0, torch.exp(s - lse[..., None]))
-    return torch.einsum("hqk,khd->qhd", p, v).to(q.dtype), lse
+    return torch.einsum("hqk,khd->qhd", p, v).to(out_dtype or q.dtype), lse
 
 
 def bottom_right(ql, kl, causal, left=-1, right=-1):
@@ -71,12 +74,15 @@ def merged(outs, lses, base):
 
 
 def _fi_prefill(q, k, v, custom_mask=None, causal=False, kv_layout="NHD", sm_scale=None,
-                window_left=-1, logits_soft_cap=None, return_lse=False):
+                window_left=-1, logits_soft_cap=None, return_lse=False, sinks=None,
+                o_data_type=None, v_scale=None):
     assert kv_layout == "NHD"
+    assert sinks is None or (sinks.dtype == torch.float32 and sinks.shape == q.shape[1:2])
     ql, kl = q.shape[0], k.shape[0]
     mask = custom_mask.reshape(ql, kl) if custom_mask is not None else \
         bottom_right(ql, kl, causal, window_left)
-    out, lse = attend(q, k, v, mask, sm_scale, logits_soft_cap)
+    out, lse = attend(q, k, v, mask, sm_scale, logits_soft_cap, sinks, torch.float64)
+    out = (out * (1.0 if v_scale is None else v_scale)).to(o_data_type or q.dtype)
     return (out, (lse / LN2).T.float()) if return_lse else out
 
 
@@ -95,16 +101,23 @@ class _Paged:
         self.layout = kv_layout
 
     def plan(self, *args, causal=False, window_left=-1, custom_mask=None, sm_scale=None,
-             logits_soft_cap=None, q_data_type=None, kv_data_type=None):
+             logits_soft_cap=None, q_data_type=None, kv_data_type=None, o_data_type=None):
         if len(args) == 7:                  # decode: no qo_indptr, one query each
             args = (torch.arange(len(args[0])).int(),) + args
         self.qo, self.indptr, self.indices, self.last, _, _, _, self.page_size = args
         self.form = dict(causal=causal, window_left=window_left, sm_scale=sm_scale,
-                         logits_soft_cap=logits_soft_cap)
+                         logits_soft_cap=logits_soft_cap, o_data_type=o_data_type)
         self.mask = custom_mask
+        assert q_data_type is not None and kv_data_type is not None
 
-    def run(self, q, paged_kv_cache):
-        outs, mask_at = [], 0
+    def run(self, q, paged_kv_cache, q_scale=None, k_scale=None, v_scale=None,
+            return_lse=False, sinks=None):
+        """sm_scale times q_scale and k_scale, the output times v_scale (prefill.py)."""
+        assert all(x is None or type(x) is float for x in (q_scale, k_scale, v_scale))
+        assert all(p.dtype == paged_kv_cache[0].dtype for p in paged_kv_cache)
+        form = dict(self.form, sm_scale=self.form["sm_scale"] * (q_scale or 1.0) *
+                    (k_scale or 1.0), v_scale=v_scale, sinks=sinks, return_lse=return_lse)
+        outs, lses, mask_at = [], [], 0
         for b in range(len(self.indptr) - 1):
             ids = self.indices[self.indptr[b]:self.indptr[b + 1]]
             tokens = self.page_size * (len(ids) - 1) + int(self.last[b]) if len(ids) else 0
@@ -114,8 +127,10 @@ class _Paged:
             if self.mask is not None:
                 mask = self.mask[mask_at:mask_at + len(qb) * tokens]
                 mask_at += len(qb) * tokens
-            outs.append(_fi_prefill(qb, k, v, custom_mask=mask, **self.form))
-        return torch.cat(outs)
+            out, lse = _fi_prefill(qb, k, v, custom_mask=mask, **dict(form, return_lse=True))
+            outs.append(out)
+            lses.append(lse)
+        return (torch.cat(outs), torch.cat(lses)) if return_lse else torch.cat(outs)
 
 
 class _BlockSparse:
@@ -186,19 +201,41 @@ class FlashinferOnCpu(FlashinferBackend):
 
 
 def _varlen(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None,
-            seqused_k=None, softmax_scale=None, causal=False, window_size=None, softcap=0.0,
-            block_table=None, return_softmax_lse=False, fa_version=2):
+            seqused_k=None, q_v=None, softmax_scale=None, causal=False, window_size=None,
+            softcap=0.0, block_table=None, return_softmax_lse=False, q_descale=None,
+            k_descale=None, v_descale=None, fa_version=2, s_aux=None):
+    """vLLM's flash_attn_varlen_func; FA3's s_aux, q_v and descales as hopper/flash_api.cpp
+    checks them (s_aux bfloat16 (num_heads,); q_v heads <= 64, values >= 256; descales
+    (b, h_k) float32 with an e4m3 q, k and v; an fp8 output is bfloat16)."""
+    fp8 = q.dtype == torch.float8_e4m3fn
+    if fa_version == 2:
+        assert s_aux is None and q_v is None and not fp8 and q_descale is None
+    assert s_aux is None or (s_aux.dtype == torch.bfloat16 and s_aux.shape == q.shape[1:2])
+    assert q_v is None or (q.shape[-1] <= 64 and q_v.shape[-1] >= 256
+                           and q_v.shape[:-1] == q.shape[:-1] and q_v.dtype == q.dtype)
+    assert k.dtype == q.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16) or fp8
+    batch = len(cu_seqlens_q) - 1
+    for d in (q_descale, k_descale, v_descale):
+        assert d is None or (d.dtype == torch.float32 and d.shape == (batch, k.shape[-2]))
     outs, lses = [], []
-    for b in range(len(cu_seqlens_q) - 1):
-        qb = q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]
+    for b in range(batch):
+        qb = q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]].double()
         if block_table is not None:
             tokens = int(seqused_k[b])
             ids = block_table[b][:-(-tokens // k.shape[1])]
-            kb, vb = pages(k, ids, tokens), pages(v, ids, tokens)
+            kb, vb = pages(k, ids, tokens).double(), pages(v, ids, tokens).double()
         else:
-            kb, vb = (t[cu_seqlens_k[b]:cu_seqlens_k[b + 1]] for t in (k, v))
+            kb, vb = (t[cu_seqlens_k[b]:cu_seqlens_k[b + 1]].double() for t in (k, v))
+        group = qb.shape[1] // kb.shape[1]
+        for x, d, g in ((qb, q_descale, group), (kb, k_descale, 1), (vb, v_descale, 1)):
+            if fp8 and d is not None:
+                x *= d[b].double().repeat_interleave(g)[:, None]
+        if q_v is not None:     # (q kᵀ + q_v vᵀ): q and q_v side by side against k and v
+            qb = torch.cat([qb, q_v[cu_seqlens_q[b]:cu_seqlens_q[b + 1]].double()], -1)
+            kb = torch.cat([kb, vb], -1)
         mask = bottom_right(len(qb), len(kb), causal, *(window_size or (-1, -1)))
-        out, lse = attend(qb, kb, vb, mask, softmax_scale, softcap or None)
+        out, lse = attend(qb, kb, vb, mask, softmax_scale, softcap or None, s_aux,
+                          torch.bfloat16 if fp8 else q.dtype)
         outs.append(out)
         lses.append(lse.float())
     out = torch.cat(outs)
@@ -221,7 +258,7 @@ class VllmFlashOnCpu(VllmFlashBackend):
 
     def __init__(self):
         self.device, self.unavailable, self.lib = torch.device("cpu"), None, None
-        self.varlen, self.merge, self.fa_version = _varlen, _merge_attn_states, 2
+        self.varlen, self.merge, self.fa_version = _varlen, _merge_attn_states, 3
         self.versions = {"device": "cpu", "vllm": "stand-in"}
 
 

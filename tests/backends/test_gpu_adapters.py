@@ -149,9 +149,10 @@ STAND_INS = "ATTENTION_CONFORMANCE_GPU_STAND_INS"
 #: packing, lse shapes and bases, masks; a rank's shards gathered and its rows returned),
 #: and those that must have passing tests
 _TOPICS = {"FlashinferOnCpu": ("paged or merge or mla or block_sparse or varlen or documents "
-                               "or causal or lse", {"paged", "merge", "mla", "varlen"}),
-           "VllmFlashOnCpu": ("paged or merge or varlen or causal or lse or softcap",
-                              {"paged", "merge", "varlen"}),
+                               "or causal or lse or sinks or fp8",
+                               {"paged", "merge", "mla", "varlen", "sinks", "fp8"}),
+           "VllmFlashOnCpu": ("paged or merge or varlen or causal or lse or softcap or sinks "
+                              "or fp8 or mla", {"paged", "merge", "varlen", "sinks", "fp8", "mla"}),
            "ContextParallelOnCpu": ("context_parallel", {"context_parallel"})}
 
 
@@ -186,3 +187,20 @@ def test_gpu_certify_only_runs_the_steps_it_names():
     assert [line.split("--backend ")[1].split()[0] for line in commands] == \
         ["flashinfer", "torch-context-parallel"]
     assert "--case-timeout 600" in commands[0]
+
+
+@pytest.mark.parametrize("form", ["sink", "qv", "fp8"])
+def test_vllm_flash_refuses_the_flash_attention_3_forms_on_flash_attention_2(form):
+    """s_aux, q_v and the descales exist in vLLM's FA3 alone (its FA2 raises on s_aux and
+    takes no q_v or descales): on FA2 each is unsupported with that reason, before any
+    library call."""
+    from attention_conformance.backend.resolve import load_backend
+
+    backend = load_backend(f"{ROOT}/tests/backends/_gpu_stand_ins.py:VllmFlashOnCpu")
+    backend.fa_version = 2
+    q, k, v = _arrays()
+    given = {"sink": dict(sink=np.zeros(2, np.float16)),
+             "qv": dict(qv=np.zeros((1, 2, 3, 256), np.float16)),
+             "fp8": dict(k_descale=np.ones(1, np.float32))}[form]
+    with pytest.raises(NotImplementedError, match="need FlashAttention 3 .* runs FA2"):
+        backend.sdpa(q, k, v, **given)

@@ -33,7 +33,7 @@ class Base2(NumpyBackend):
 
     def merge_states(self, outs, lses):
         out, lse = rules.merge_states(outs, lses, self.writes)
-        return out.astype(outs.dtype), lse.astype(outs.dtype)
+        return out.astype(outs.dtype), lse.astype(lses.dtype)
 
 
 def _tests(ops=("sdpa_lse", "merge_states")):

@@ -18,4 +18,4 @@ class EmptyStateMergedAsZeroOverZero(Planted):
             total = np.sum(w, axis=0)
             out = np.sum(w[..., None] * np.where(w[..., None] > 0, o, 0.0), axis=0) / total[..., None]
             lse = top + np.log(total)
-        return out.astype(outs.dtype), lse.astype(outs.dtype)
+        return out.astype(outs.dtype), lse.astype(lses.dtype)

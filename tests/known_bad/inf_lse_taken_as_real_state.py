@@ -19,4 +19,4 @@ class InfLseTakenAsRealState(Planted):
             share = np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0)
             out = np.sum(share[..., None] * np.where(share[..., None] > 0, o, 0.0), axis=0)
             lse = top + np.log(total)
-        return out.astype(outs.dtype), lse.astype(outs.dtype)
+        return out.astype(outs.dtype), lse.astype(lses.dtype)

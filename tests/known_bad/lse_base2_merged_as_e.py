@@ -20,4 +20,4 @@ class LseBase2MergedAsE(Planted):
 
     def merge_states(self, outs, lses):
         out, lse = rules.merge_states(outs, lses, "e")
-        return out.astype(outs.dtype), lse.astype(outs.dtype)
+        return out.astype(outs.dtype), lse.astype(lses.dtype)

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attention_conformance.backends import rules
+
 _OPS = ("softmax", "scores", "attention_weights", "sdpa", "sdpa_lse", "self_attention",
         "multi_head_attention", "sdpa_vjp")
 _COMPUTE = {"float64": np.float64, "float32": np.float32,
@@ -387,7 +389,7 @@ class Tiled:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             st = self._setup(q, k, v, **kw)
             out, lse = self._forward(st)
-        return out.astype(st["dt"]), lse.astype(st["dt"])
+        return out.astype(st["dt"]), lse.astype(rules.lse_dtype(st["dt"]))
 
     # ------------------------------------------------------------------ varlen
 

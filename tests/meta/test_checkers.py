@@ -396,7 +396,7 @@ class MergesInBase2(NumpyBackend):
 
     def merge_states(self, outs, lses):
         out, lse = rules.merge_states(outs, lses, "2")
-        return out.astype(outs.dtype), lse.astype(outs.dtype)
+        return out.astype(outs.dtype), lse.astype(lses.dtype)
 
 
 def _one_ulp_up(out, times=1):

@@ -322,3 +322,37 @@ def test_a_single_call_larger_than_the_limit_is_still_sent_ahead_alone(proxies):
     assert call(proxy, "softmax", {"x": big}).shape == big.shape
     assert proxy.send_ahead("softmax", {"x": small}, {}) and proxy.send_ahead("softmax", {"x": small}, {})
     assert proxy.sent_ahead() == 2
+
+
+@pytest.mark.parametrize("reference", ["numpy", f"{FAULTY / 'segfaults.py'}:Segfaults"])
+def test_inputs_past_the_threshold_reach_the_process_as_files_and_leave_none(
+        reference, tmp_path, monkeypatch):
+    """With arrays of 16 KiB or more sent as files (spill.py; 64 MiB in a run), a call's
+    large input reaches the backend's process through the run's folder and the answer is
+    the adapter's; a process that crashes on it costs its test alone; either way no file
+    is left in the folder (only the process's log, until the proxy closes)."""
+    from attention_conformance.process import wire
+    from attention_conformance.process.spill import SpillFolder
+
+    monkeypatch.setattr(wire, "SPILL_BYTES", 16 << 10)
+    written, write = [], SpillFolder.write
+    monkeypatch.setattr(SpillFolder, "write",
+                        lambda self, a: written.append(a.shape) or write(self, a))
+    options = JudgeOptions(reference=reference, device=None, spec_dir=None, case_timeout=60.0,
+                           restart_every=0, restart_above_mib=0.0, log_dir=str(tmp_path))
+    proxy = BackendProxy(options)
+    try:
+        proxy.wait_loaded()
+        x = np.random.default_rng(0).standard_normal((2, 64, 64))          # 64 KiB
+        if reference == "numpy":
+            from attention_conformance.backends.numpy import NumpyBackend
+            np.testing.assert_array_equal(call(proxy, "softmax", {"x": x}),
+                                          NumpyBackend().softmax(x))
+        else:
+            with pytest.raises(BackendCrashed, match="SIGSEGV"):
+                call(proxy, "sdpa", {"q": x, "k": x, "v": x})
+        assert written and set(written) == {x.shape}
+        assert not [p.name for p in tmp_path.iterdir() if not p.name.endswith(".log")]
+    finally:
+        proxy.close()
+    assert list(tmp_path.iterdir()) == []

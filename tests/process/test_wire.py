@@ -80,3 +80,95 @@ def test_the_end_of_the_peer_is_an_end_of_file(pair):
     theirs.close()
     with pytest.raises(EOFError):
         channel.receive(time.monotonic() + 5)
+
+
+# --------------------------------------------------------------- arrays sent as files
+
+
+@pytest.fixture
+def small_limits(monkeypatch):
+    """A frame limit of 64 KiB and arrays of 16 KiB or more sent as files: a call larger
+    than the limit, made of a few hundred KiB."""
+    monkeypatch.setattr(wire, "MAX_FRAME_BYTES", 64 << 10)
+    monkeypatch.setattr(wire, "SPILL_BYTES", 16 << 10)
+
+
+def spill_files(folder) -> list:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_an_array_past_the_frame_limit_crosses_as_a_file_that_is_then_removed(
+        small_limits, tmp_path):
+    """A mask four times the frame limit goes as a file in the run's folder, arrives as
+    a base ndarray of its bytes, and the file is gone once it is read; the arrays below
+    the threshold go in the frame as before. Without a folder the same call is refused
+    for its size."""
+    ours, theirs = socket.socketpair()
+    sender, receiver = wire.Channel(ours, spill_to=str(tmp_path)), \
+        wire.Channel(theirs, spill_from=str(tmp_path))
+    mask = np.random.default_rng(0).standard_normal((4, 256, 256)) > 0      # 256 KiB
+    small = np.arange(12.0).reshape(3, 4)
+    try:
+        sender.send(protocol.Call(1, "sdpa", {"mask": mask, "q": small}, {}))
+        assert [n.startswith("spill-") for n in spill_files(tmp_path)] == [True]
+        got = receiver.receive(time.monotonic() + 30)
+        assert got.arrays["mask"].dtype == bool and got.arrays["mask"].base is None
+        np.testing.assert_array_equal(got.arrays["mask"], mask)
+        np.testing.assert_array_equal(got.arrays["q"], small)
+        assert spill_files(tmp_path) == []
+        whole = wire.frame(protocol.Call(2, "sdpa", {"mask": mask}, {}))     # in the frame
+        assert len(whole) > wire.MAX_FRAME_BYTES
+        theirs.sendall(whole[:4096])
+        with pytest.raises(wire.WireError, match="over the limit"):
+            wire.Channel(ours).receive(time.monotonic() + 30)
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_file_the_other_end_never_read_is_removed_when_its_channel_closes(
+        small_limits, tmp_path):
+    """A backend's process that dies before it reads its call (or never reads it) leaves
+    nothing: the judge's end deletes what it wrote when it ends that process."""
+    ours, theirs = socket.socketpair()
+    sender = wire.Channel(ours, spill_to=str(tmp_path))
+    sender.send(protocol.Call(1, "softmax", {"x": np.zeros((64, 64))}, {}))   # 32 KiB
+    sender.send(protocol.Call(2, "softmax", {"x": np.ones((64, 64))}, {}))
+    assert len(spill_files(tmp_path)) == 2
+    theirs.close()
+    sender.close()
+    assert spill_files(tmp_path) == []
+
+
+def test_no_array_is_written_through_a_link_nor_read_from_a_name_it_did_not_make(
+        small_limits, tmp_path):
+    """The folder is opened without following a link: a folder that is a link is never
+    written through; a receiver reads only a spilled array's name, a regular file of
+    the size its message says, in its own folder."""
+    target, link = tmp_path / "elsewhere", tmp_path / "link"
+    target.mkdir()
+    link.symlink_to(target)
+    ours, theirs = socket.socketpair()
+    with pytest.raises(OSError):
+        wire.Channel(ours, spill_to=str(link)).send(
+            protocol.Call(1, "softmax", {"x": np.zeros((64, 64))}, {}))
+    assert spill_files(target) == []
+    receiver = wire.Channel(theirs, spill_from=str(target))
+    (target / ("spill-" + "0" * 32 + ".bin")).write_bytes(b"\0" * 4)
+    for name, error in (("../link/x", "not a spilled array's name"),
+                        ("spill-" + "0" * 32 + ".bin", "holds 4 bytes, not the 8")):
+        ours.sendall(_frame_naming(name))
+        with pytest.raises(wire.WireError, match=error):
+            receiver.receive(time.monotonic() + 30)
+    ours.close()
+    receiver.close()
+
+
+def _frame_naming(name: str) -> bytes:
+    """A call whose array x is said to be the spilled file `name` (one float64)."""
+    array = {"__file__": name, "dtype": "float64", "shape": [1]}
+    fields = {"id": 1, "op": "softmax", "params": {"__dict__": {}},
+              "arrays": {"__dict__": {"x": array}}}
+    body = {"__dict__": {"kind": "call", "fields": {"__dict__": fields}}}
+    header = wire._JSON.encode({"body": body, "buffers": []}).encode()
+    return struct.pack("<4sQI", wire.MAGIC, 4 + len(header), len(header)) + header

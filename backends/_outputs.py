@@ -1,0 +1,20 @@
+"""The dtypes of what an adapter returns (docs/interface.md, "Arrays and dtypes"), for
+adapters whose framework computes them otherwise: a log-sum-exp in float32 beside
+float16 and bfloat16 outputs. Public through backends/rules.py (``rules.lse_dtype``);
+NumPy only, like it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: the dtypes beside which an lse is float32 (FlashAttention's softmax_lse is)
+HALF = ("float16", "bfloat16")
+
+
+def lse_dtype(dtype) -> np.dtype:
+    """The dtype of an lse (sdpa_lse's, merge_states' in and out) beside outputs of
+    ``dtype`` (a NumPy dtype or its name): float32 for float16 and bfloat16, else
+    ``dtype`` itself (float64 stays float64)."""
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    return np.dtype(np.float32) if name in HALF else np.dtype(dtype)
