@@ -25,6 +25,7 @@ BUILTIN = {
     "keras-tensorflow": "attention_conformance.backends.keras:KerasTensorflowBackend",
     "keras-jax": "attention_conformance.backends.keras:KerasJaxBackend",
     "flax-nnx": "attention_conformance.backends.flax_nnx:FlaxNnxBackend",
+    "tinygrad": "attention_conformance.backends.tinygrad:TinygradBackend",
     # GPU only: on a machine without CUDA they load and every test is unsupported
     "flashinfer": "attention_conformance.backends.flashinfer:FlashinferBackend",
     "vllm-flash": "attention_conformance.backends.vllm_flash:VllmFlashBackend",

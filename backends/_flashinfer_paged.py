@@ -136,7 +136,7 @@ def _paged_run(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layou
         return to_numpy(out, like=like)
     lses = _unpacked(packed_lse.float()[..., None], q_lengths, (b, hq, lq, 1), -math.inf,
                      backend)
-    return to_numpy(out, like=like), to_numpy(lses[..., 0], like=like)
+    return to_numpy(out, like=like), to_numpy(lses[..., 0], like=rules.lse_dtype(like.dtype))
 
 
 def _unpacked(packed, q_lengths, shape, fill, backend):
@@ -246,4 +246,4 @@ def mla_paged(backend, q, k_pages, v_pages, block_table, kv_lengths, page_layout
     if not lse:
         return full
     lses = _unpacked(s.float()[..., None], qls, (b, hq, lq, 1), -math.inf, backend)
-    return full, to_numpy(lses[..., 0], like=q)
+    return full, to_numpy(lses[..., 0], like=rules.lse_dtype(q.dtype))

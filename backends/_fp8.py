@@ -24,6 +24,12 @@ def dequantize(x, descale=None, to_float32=lambda x: np.asarray(x).astype(np.flo
     return x * np.repeat(d, x.shape[-3] // d.shape[-1], axis=-1)[..., None, None]
 
 
+@functools.lru_cache(maxsize=64)
+def _is_fp8(dtype) -> bool:
+    """Is this dtype one of FP8 (dtype.name is slow, and every sdpa call asks)."""
+    return dtype.name in FP8
+
+
 def descaled(*convert):
     """Decorator of sdpa: with an fp8 q, k, v or a descale, the three become float32 times
     their descales (dequantize, to_float32 ``convert``) first; other calls pass through."""
@@ -32,7 +38,7 @@ def descaled(*convert):
         def wrapper(self, q, k, v, *arrays, q_descale=None, k_descale=None, v_descale=None,
                     **params):
             scales = (q_descale, k_descale, v_descale)
-            if any(np.asarray(x).dtype.name in FP8 for x in (q, k, v)) or any(
+            if any(_is_fp8(np.asarray(x).dtype) for x in (q, k, v)) or any(
                     d is not None for d in scales):
                 q, k, v = (dequantize(x, d, *convert) for x, d in zip((q, k, v), scales))
             return method(self, q, k, v, *arrays, **params)

@@ -4,7 +4,7 @@ call the backend again."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,6 +24,7 @@ class Context:
     outputs: dict           # output name -> backend result as float64
     golden: object          # a GoldenStore
     tolerances: Tolerances
+    _policy: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def params(self):
@@ -35,9 +36,12 @@ class Context:
 
     def declared_policy(self) -> dict[str, str]:
         """The backend's choices for this call: policy, op_policy, then policy_when's
-        first matching rule per policy (its conditions read the call's inputs and params)."""
-        shapes = {name: np.shape(array) for name, array in self.arrays.items()}
-        return policy_for(self.declaration, self.case.op, shapes, self.params)
+        first matching rule per policy (its conditions read the call's inputs and params),
+        worked out once per test: the checks ask ~3 times."""
+        if self._policy is None:
+            shapes = {name: np.shape(array) for name, array in self.arrays.items()}
+            self._policy = policy_for(self.declaration, self.case.op, shapes, self.params)
+        return self._policy
 
     def call(self, arrays=None, op=None, **params):
         """Call the backend again (metamorphic properties), returning float64 outputs."""

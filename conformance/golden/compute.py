@@ -37,6 +37,7 @@ def conventions(op) -> list:
 
 
 _GENERATED: dict = {}
+_generated_bytes = 0        # of the arrays in _GENERATED (summing them per miss cost ms)
 #: the generated inputs kept for the next test at most: 256 variants, and this many
 #: bytes (a larger variant, a scale case's, is kept alone)
 KEPT_BYTES = 1 << 30
@@ -63,6 +64,7 @@ def generated_inputs(case, variant) -> dict[str, np.ndarray]:
     """The case's float64 inputs, generated once per variant (read-only, shared by
     dtypes; a scale case's are not kept); Unsupported, before anything is made, on a
     machine too small for the case."""
+    global _generated_bytes
     key = (repr(case.inputs), repr(variant.dims))
     if key not in _GENERATED:
         reason = too_large(case)
@@ -72,12 +74,13 @@ def generated_inputs(case, variant) -> dict[str, np.ndarray]:
         if case.profile == "scale":         # rounded_inputs keeps its test's rounded ones
             return arrays
         size = sum(a.nbytes for a in arrays.values())
-        kept = sum(a.nbytes for entry in _GENERATED.values() for a in entry.values())
-        if len(_GENERATED) >= 256 or kept + size > KEPT_BYTES:
+        if len(_GENERATED) >= 256 or _generated_bytes + size > KEPT_BYTES:
             _GENERATED.clear()
+            _generated_bytes = 0
         for array in arrays.values():
             array.setflags(write=False)
         _GENERATED[key] = arrays
+        _generated_bytes += size
     return _GENERATED[key]
 
 

@@ -137,10 +137,14 @@ def _generated_shape(spec: dict, dims: dict, known: dict) -> tuple[int, ...] | N
 def planned_shapes(inputs: dict, dims: dict) -> dict[str, tuple[int, ...] | None]:
     """Every input's shape, computed without allocating anything (see _planned)."""
     known: dict = {}
-    for _ in range(len(inputs)):                  # same_as chains resolve in this many rounds
-        for name, spec in inputs.items():
-            if known.get(name) is None:
-                known[name] = _planned(spec, dims, known)
+    pending = list(inputs)
+    while pending:                  # a same_as chain resolves one link a round
+        for name in pending:
+            known[name] = _planned(inputs[name], dims, known)
+        left = [name for name in pending if known[name] is None]
+        if len(left) == len(pending):           # nothing more can be known
+            break
+        pending = left
     return {name: known.get(name) for name in inputs}
 
 

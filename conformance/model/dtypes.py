@@ -17,6 +17,8 @@ NUMPY_DTYPES = {
     "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
 }
 
+_NAMES = {dtype: name for name, dtype in NUMPY_DTYPES.items()}
+
 #: the spec's dtype names, widest first
 DTYPES: tuple[str, ...] = tuple(NUMPY_DTYPES)
 
@@ -55,6 +57,9 @@ def numpy_dtype(name: str) -> np.dtype:
 def dtype_name(dtype) -> str | None:
     """The spec's name of a NumPy dtype, or None if it is not one of the table's."""
     dtype = np.dtype(dtype)
+    name = _NAMES.get(dtype)            # every output is checked: a lookup, not a loop
+    if name is not None:
+        return name
     for name, candidate in NUMPY_DTYPES.items():
         if candidate == dtype:
             return name
