@@ -17,6 +17,10 @@ and each op here takes one:
   the padded D). No softcap, sink or lse: unsupported.
 - ``sdpa_vjp``: ``jax.vjp`` of exactly that call (broadcast batch dims and grouped heads
   summed by JAX's own transpose of ``broadcast_to`` and of the head grouping).
+- ``multi_head_attention``: ``nnx.MultiHeadAttention`` (``use_bias=False``,
+  ``num_kv_heads``), built in the jitted program with the case's projections as its
+  kernels; it calls the default path. It takes one input width for key and value
+  (``in_kv_features``) and one head width for q, k and v: other cases are unsupported.
 - ``attention_weights``: Flax's own path, the one ``nnx.dot_product_attention`` takes
   when given a ``module``: it sows the weights (``dot_product_attention_weights``: logits
   in the input dtype, masked with ``finfo(dtype).min``, ``jax.nn.softmax``) as an
@@ -25,8 +29,8 @@ and each op here takes one:
 float64: JAX without ``jax_enable_x64`` (Flax does not set it) converts float64 inputs to
 float32, and with it the default path still computes its softmax in float32, so float64 is
 left out (``dtype_notes``). float16: jitted, the default path cannot be lowered on the CPU
-(``F16_F16_F32``, as for the jax backend): an expected failure of sdpa and sdpa_vjp, while
-the own path (attention_weights) runs. Findings are reproduced directly against float64
+(``F16_F16_F32``, as for the jax backend): an expected failure of sdpa, sdpa_vjp and
+multi_head_attention, while the own path (attention_weights) runs. Findings are reproduced directly against float64
 NumPy in tests/backends/test_flax_findings.py.
 """
 
@@ -93,6 +97,22 @@ def _weights(q, k, mask, bias, *, is_causal, prescale):
     return lay.restore(weights)
 
 
+@partial(jax.jit, static_argnames=("num_heads", "num_kv_heads", "is_causal"))
+def _mha(query, key, value, w_q, w_k, w_v, w_o, mask, *, num_heads, num_kv_heads, is_causal):
+    """nnx.MultiHeadAttention (no biases) with the given projections as its kernels, on
+    (B, L, E) inputs and a (B, 1 or H, Lq, Lk) mask."""
+    dtype, head = query.dtype, w_q.shape[1] // num_heads
+    layer = nnx.MultiHeadAttention(
+        num_heads, query.shape[-1], w_q.shape[1], w_o.shape[1], num_kv_heads=num_kv_heads,
+        in_kv_features=key.shape[-1], use_bias=False, dtype=dtype, param_dtype=dtype,
+        decode=False, deterministic=True, rngs=nnx.Rngs(0))
+    layer.query.kernel[...] = w_q.reshape(w_q.shape[0], num_heads, head)
+    layer.key.kernel[...] = w_k.reshape(w_k.shape[0], num_kv_heads, head)
+    layer.value.kernel[...] = w_v.reshape(w_v.shape[0], num_kv_heads, head)
+    layer.out.kernel[...] = w_o.reshape(num_heads, head, w_o.shape[1])
+    return layer(query, key, value, mask=mask, is_causal=is_causal)
+
+
 class FlaxNnxBackend:
     """The attention interface on Flax NNX (see the module docstring for each op's path)."""
 
@@ -114,6 +134,8 @@ class FlaxNnxBackend:
         "accumulation": "float32",
         "padded_query_rows": "zeros",
     }
+    # XLA on the CPU: checked bit for bit by the invariance cases (docs/interface.md)
+    invariants = ("deterministic",)
     paths = {
         "sdpa": "native: flax.nnx.dot_product_attention, its default path "
                 "(jax.nn.dot_product_attention), jitted; is_causal for top-left causal, "
@@ -122,6 +144,8 @@ class FlaxNnxBackend:
         "sdpa_vjp": "native: jax.vjp of the sdpa path, jitted",
         "attention_weights": "native: flax.nnx.dot_product_attention(module=...), Flax's "
                              "own path, its sown weights read with nnx.capture",
+        "multi_head_attention": "native: flax.nnx.MultiHeadAttention (use_bias=False, "
+                                "num_kv_heads), its kernels the given projections, jitted",
     }
 
     def __init__(self):
@@ -195,3 +219,28 @@ class FlaxNnxBackend:
         prescale = self._static(q, q, scale)["prescale"]
         return np.array(_weights(q, k, mask, bias, is_causal=is_causal, prescale=prescale),
                         copy=True)
+
+    def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
+                             num_kv_heads=None, mask=None, causal=None):
+        self._check(query)
+        num_heads = int(num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
+        if w_q.shape[1] != num_heads * (w_k.shape[1] // num_kv_heads) or \
+                w_v.shape[1] != w_k.shape[1] or w_o.shape[0] != w_q.shape[1]:
+            raise NotImplementedError(f"{self.name}: nnx.MultiHeadAttention gives q, k and v "
+                                      "one head width")
+        if np.shape(key)[-1] != np.shape(value)[-1]:
+            raise NotImplementedError(f"{self.name}: nnx.MultiHeadAttention takes one input "
+                                      "width for key and value (in_kv_features)")
+        batch = np.broadcast_shapes(*(np.shape(x)[:-2] for x in (query, key, value)),
+                                    () if mask is None else np.shape(mask)[:-3])
+        flat = [np.broadcast_to(x, batch + np.shape(x)[-2:]).reshape((-1,) + np.shape(x)[-2:])
+                for x in (query, key, value)]
+        is_causal, mask = self._masking(flat[0], flat[1], mask, causal, None)
+        if mask is not None:
+            mask = np.reshape(mask, (1,) * (len(batch) + 3 - np.ndim(mask)) + np.shape(mask))
+            mask = np.broadcast_to(mask, batch + np.shape(mask)[-3:])
+            mask = mask.reshape((-1,) + np.shape(mask)[-3:])
+        out = _mha(*flat, w_q, w_k, w_v, w_o, mask, num_heads=num_heads,
+                   num_kv_heads=num_kv_heads, is_causal=is_causal)
+        return np.array(out, copy=True).reshape(batch + np.shape(out)[-2:])

@@ -64,7 +64,8 @@ def test_there_is_no_scale_argument():
 def test_jitted_default_path_cannot_lower_float16_on_the_cpu():
     """The default path asks dot_general for precision F16_F16_F32, which XLA's CPU backend
     refuses when a jitted program is lowered (jax's fallback catches it only eagerly,
-    where the same call is right); the own path, jitted, runs float16."""
+    where the same call is right), and nnx.MultiHeadAttention takes it; the own path,
+    jitted, runs float16."""
     q, k, v = _qkv(702, lq=3, lk=5, d=4, dv=4)
     half = [_tokens(a, np.float16) for a in (q, k, v)]
     with pytest.raises(ValueError, match="'F16_F16_F32' is not supported by dot_general"):
@@ -73,6 +74,10 @@ def test_jitted_default_path_cannot_lower_float16_on_the_cpu():
     assert rel_err(_heads(nnx.dot_product_attention(*half)), want) < 2e-3
     own = jax.jit(lambda *qkv: _own(*qkv)[0])(*half)
     assert rel_err(_heads(own), want) < 2e-3
+    layer = nnx.MultiHeadAttention(2, 8, dtype=np.float16, param_dtype=np.float16,
+                                   decode=False, rngs=nnx.Rngs(0))   # calls that path too
+    with pytest.raises(ValueError, match="'F16_F16_F32' is not supported by dot_general"):
+        jax.jit(lambda x: layer(x))(jax.numpy.ones((1, 3, 8), np.float16))
 
 
 def test_jitted_bfloat16_with_one_query_and_one_key_fails_on_the_cpu():
