@@ -21,6 +21,7 @@ BUILTIN = {
     "jax-ring-processes": "attention_conformance.backends.jax_ring_processes:JaxRingProcessesBackend",
     "transformers-sdpa": "attention_conformance.backends.transformers:TransformersSdpaBackend",
     "transformers-eager": "attention_conformance.backends.transformers:TransformersEagerBackend",
+    "transformers-flex": "attention_conformance.backends.transformers:TransformersFlexBackend",
     "keras-torch": "attention_conformance.backends.keras:KerasTorchBackend",
     "keras-tensorflow": "attention_conformance.backends.keras:KerasTensorflowBackend",
     "keras-jax": "attention_conformance.backends.keras:KerasJaxBackend",

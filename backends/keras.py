@@ -17,6 +17,9 @@ Keras already runs on another backend.
   ``tf.GradientTape``, ``jax.vjp``): Keras 3 has no backend-neutral gradient. The batch
   dims are folded on the NumPy side, so the gradients of broadcast inputs are summed back
   there.
+- ``multi_head_attention`` and ``self_attention``: Keras's layers,
+  ``keras.layers.MultiHeadAttention`` (``GroupQueryAttention`` for grouped-query heads),
+  built with the case's weights as their kernels (``_keras_layers``), called eagerly.
 
 Other ops are no attention function of Keras here: unsupported.
 
@@ -35,7 +38,7 @@ import sys
 
 import numpy as np
 
-from . import rules
+from . import _keras_layers, rules
 
 _NO_SOFTCAP = ("{name}: keras.ops.dot_product_attention has no softcap on the CPU "
                "(attn_logits_soft_cap is for JAX on TPU alone)")
@@ -67,6 +70,7 @@ class _KerasBackend:
                 "boolean masks for bottom-right causal, windows and lengths)",
         "sdpa_vjp": "native: the Keras backend's own gradient of "
                     "keras.ops.dot_product_attention",
+        **_keras_layers.PATHS,
     }
 
     def __init__(self):
@@ -159,6 +163,17 @@ class _KerasBackend:
         grads = self._vjp(qkv, d_out, **keywords)
         return tuple(_unbroadcast(self._restore(layout, g, np.shape(x)[-1]), np.shape(x))
                      for g, x in zip(grads, (q, k, v)))
+
+    def multi_head_attention(self, query, key, value, *, w_q, w_k, w_v, w_o, num_heads,
+                             num_kv_heads=None, mask=None, causal=None):
+        self._check(query, None, None)
+        return _keras_layers.multi_head_attention(
+            self, query, key, value, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o,
+            num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, causal=causal)
+
+    def self_attention(self, x, w_q, w_k, w_v, *, mask=None, causal=None):
+        self._check(x, None, None)
+        return _keras_layers.self_attention(self, x, w_q, w_k, w_v, mask=mask, causal=causal)
 
 
 def _unbroadcast(g, shape):
@@ -270,6 +285,8 @@ class KerasJaxBackend(_KerasBackend):
                 "causal; boolean masks for bottom-right causal, windows and lengths; Dv != "
                 "Dk zero-padded to one width)",
         "sdpa_vjp": "native: jax.jit of jax.vjp of keras.ops.dot_product_attention",
+        "multi_head_attention": "not run: Keras's layers eagerly on JAX (see _NO_LAYERS)",
+        "self_attention": "not run: Keras's layers eagerly on JAX (see _NO_LAYERS)",
     }
 
     def __init__(self):
@@ -300,6 +317,16 @@ class KerasJaxBackend(_KerasBackend):
 
     def _dot_product_attention(self, q, k, v, *, mask, bias, **static):
         return self._jitted(q, k, v, mask, bias, **static)
+
+    _NO_LAYERS = ("keras-jax: Keras's attention layers are not certified on JAX: called "
+                  "eagerly, JAX compiles each primitive of the layer for every new shape, "
+                  "and this adapter jits dot_product_attention alone")
+
+    def multi_head_attention(self, *args, **params):
+        raise NotImplementedError(self._NO_LAYERS)
+
+    def self_attention(self, *args, **params):
+        raise NotImplementedError(self._NO_LAYERS)
 
     def _vjp(self, leaves, d_out, *, mask, bias, **static):
         return self._jitted_grads(*leaves, mask, bias, d_out, **static)

@@ -34,9 +34,9 @@ tests/backends/test_tinygrad_findings.py): a softmax over a single key is folded
 so a query whose one key is masked gets that key's value instead of NaN.
 
 Cost: tinygrad schedules, writes and compiles the kernels of every new shape, dtype and
-call form (~0.5 CPU s for ``sdpa``, ~1.3 for ``sdpa_vjp``, clang's compiles about 40%
-of it; tinygrad keeps the compiled kernels in its ``CACHEDB``), so the tox environment
-certifies float32 alone.
+call form (~0.5 CPU s for ``sdpa``, ~1.3 for ``sdpa_vjp``, clang's compiles about a
+third of it; tinygrad keeps the compiled kernels in its ``CACHEDB``), so the tox
+environment certifies float32 alone.
 """
 
 from __future__ import annotations

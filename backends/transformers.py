@@ -1,5 +1,5 @@
-"""Hugging Face transformers' attention functions as backends: transformers-sdpa and
-transformers-eager.
+"""Hugging Face transformers' attention functions as backends: transformers-sdpa,
+transformers-eager and transformers-flex.
 
 Models in transformers do not call ``F.scaled_dot_product_attention`` themselves: each
 attention layer calls one function of the library, picked by ``attn_implementation``.
@@ -25,6 +25,18 @@ library's own masks), and convert the result back:
   allowed, ``finfo(dtype).min`` elsewhere), causal and windows folded in; a bias is merged
   by ``create_position_bias_mask`` (the same fill). The weights of
   ``attention_weights`` are the function's own second output.
+- ``transformers-flex``: ``transformers.integrations.flex_attention.flex_attention_forward``
+  with a ``BlockMask`` for masks, causal, windows and lengths, as a model's flex masks
+  are (built as torch-flex builds it: ``create_block_mask`` of a mask_mod indexing the
+  boolean mask), a bias as the function's ``position_bias`` and a softcap as its
+  ``softcap``, both in its score_mod. The function calls the library's singleton
+  ``torch.compile(flex_attention)`` (``WrappedFlexAttention``), which on this CPU
+  compiles for ~25 s each new shape, dtype and mod (over two minutes the first time):
+  the singleton is given torch's eager ``flex_attention`` instead, called as torch-flex
+  calls it (the same unfused computation; torch-flex-compiled certifies the fused
+  kernel). A sink is refused on the CPU by the function itself ("Attention sinks cannot
+  be run on CPU"), and torch refuses flex's backward on the CPU: both unsupported with
+  the library's reason.
 
 Both: ``sdpa_vjp`` is ``torch.autograd.grad`` through the same call; per-batch lengths
 are a boolean mask (``rules.lengths_as_mask``), as a model's padding mask is. ``softmax``,
@@ -39,10 +51,16 @@ from __future__ import annotations
 
 import math
 import types
+import warnings
 
 import numpy as np
 import torch
 import transformers
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from transformers.integrations.flex_attention import (
+    WrappedFlexAttention,
+    flex_attention_forward,
+)
 from transformers.integrations.sdpa_attention import (
     create_position_bias_mask,
     sdpa_attention_forward,
@@ -57,6 +75,7 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from . import rules
 from .torch import _TORCH_DTYPES, _mask_to_torch, _to_numpy, _to_torch
+from .torch_flex import TorchFlexBackend, _collector_paused, _hop_called_directly, _mask_mod
 
 _UNSUPPORTED_OPS = ("softmax, scores, sdpa_lse and the projection ops are no attention "
                     "function of transformers (the torch backend certifies torch's)")
@@ -265,3 +284,53 @@ class TransformersEagerBackend(_TransformersBackend):
         out, weights = function(call.module, call.q, call.k, call.v, attention_mask,
                                 scaling=scaling, **kwargs)
         return call.restore(out), call.layout.restore(weights)
+
+
+class TransformersFlexBackend(_TransformersBackend):
+    """transformers' flex_attention_forward (attn_implementation="flex_attention"), with
+    torch's eager flex_attention in place of the library's compiled one."""
+
+    name = "transformers-flex"
+    # flex_attention's own choices, as torch-flex declares them: a row without keys is 0,
+    # a NaN key behind the BlockMask is never scored, a NaN value meets a weight of 0
+    policy = TorchFlexBackend.policy
+    paths = {
+        "attention_weights": "native: flex_attention_forward with V = identity(Lk)",
+        "sdpa": "native: transformers.integrations.flex_attention.flex_attention_forward "
+                "(a BlockMask for masks, causal, windows and lengths; position_bias for a "
+                "bias; softcap), its compiled flex_attention swapped for torch's eager one",
+        "sdpa_vjp": "native: torch.autograd.grad through flex_attention_forward (torch "
+                    "refuses flex's backward on the CPU)",
+    }
+
+    def __init__(self):
+        super().__init__()
+        self.versions["flex_attention"] = "eager"
+        # the library's singleton, built as a model's first call builds it (training
+        # False), holds torch's eager flex_attention: no compile for any shape
+        WrappedFlexAttention(False)._compiled_flex_attention = flex_attention
+
+    def _forward(self, q, k, v, *, mask, bias, sink, causal, scale, softcap, window):
+        call = _Call(q, k, v, mask, bias, causal, window)
+        b, hq, lq, lk = call.layout.b, call.layout.hq, call.layout.lq, call.layout.lk
+        allowed, _ = call.allowed(flag=False)
+        block_mask = None
+        if allowed is not None:
+            full = allowed.expand(b, hq, lq, lk)
+            block_mask = create_block_mask(_mask_mod(full, None), b, hq, lq, lk,
+                                           device=call.q.device)
+        bias = None if call.bias is None else call.bias.expand(b, hq, lq, lk)
+        direct = not any(t.requires_grad for t in (call.q, call.k, call.v))
+        try:
+            with warnings.catch_warnings(), _collector_paused(), _hop_called_directly(direct):
+                warnings.filterwarnings("ignore", message="flex_attention called without")
+                out, _ = flex_attention_forward(  # s_aux: refused on the CPU
+                    call.module, call.q, call.k, call.v, block_mask,
+                    scaling=None if scale is None else float(scale),
+                    softcap=None if softcap is None else float(softcap),
+                    s_aux=sink, position_bias=bias)
+        except ValueError as e:
+            if "Attention sinks cannot be run on CPU" in str(e):
+                raise NotImplementedError(f"{self.name}: {e}") from None
+            raise
+        return call.restore(out), None

@@ -298,17 +298,17 @@ with open(sys.argv[1], "wb") as f:
 """
 
 
-def _job(backend: str, code: str):
+def _job(backend: str, code: str, jobs: dict = _JOBS):
     """Register the decorated function's arrays (a dict of NumPy arrays) as the inputs of
     `code`, run with Keras on `backend`: the arrays and `ops` (keras.ops) are its globals,
-    and it sets `result` (a dict of arrays or strings)."""
+    and it sets `result` (a dict of arrays or strings). `jobs`: another module's own."""
     def register(inputs):
-        _JOBS[backend][inputs.__name__] = (code, inputs)
+        jobs[backend][inputs.__name__] = (code, inputs)
         return inputs
     return register
 
 
-def _run_jobs(backend: str, tmp_path_factory) -> dict:
+def _run_jobs(backend: str, tmp_path_factory, registry: dict = _JOBS) -> dict:
     """Every job of `backend` in one process with Keras on it: {job name: result}."""
     import importlib.util
     import os
@@ -319,7 +319,7 @@ def _run_jobs(backend: str, tmp_path_factory) -> dict:
     for module in ("keras", backend):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed")
-    jobs = {name: (code, inputs()) for name, (code, inputs) in _JOBS[backend].items()}
+    jobs = {name: (code, inputs()) for name, (code, inputs) in registry[backend].items()}
     out = tmp_path_factory.mktemp(f"keras-{backend}") / "results.pickle"
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, "-c", _RUNNER, str(out)], input=pickle.dumps(jobs),
