@@ -1,13 +1,16 @@
-"""fp8 inputs for adapters whose framework has no fp8 attention (docs/interface.md, "fp8
-inputs and descale factors"): q, k, v stored in an fp8 format become float32 times their
-descale factors. Public through backends/rules.py (``rules.dequantize``,
-``rules.descaled``); NumPy only, like it.
+"""fp8 inputs and outputs for adapters whose framework has no fp8 attention
+(docs/interface.md, "fp8 inputs and descale factors", "The output scale"): q, k, v stored
+in an fp8 format become float32 times their descale factors, and an output written with
+an ``o_scale`` becomes out / o_scale in the inputs' fp8 format. Public through
+backends/rules.py (``rules.dequantize``, ``rules.descaled``, ``rules.scaled_output``);
+NumPy only, like it.
 """
 
 from __future__ import annotations
 
 import functools
 
+import ml_dtypes
 import numpy as np
 
 #: the spec's fp8 formats
@@ -30,17 +33,40 @@ def _is_fp8(dtype) -> bool:
     return dtype.name in FP8
 
 
-def descaled(*convert):
+def scaled_output(out, o_scale, fmt: str):
+    """The output written with an output scale: ``out / o_scale`` in fp8 format ``fmt``
+    (an ml_dtypes name), saturated at its largest finite value (e4m3fn has no infinity: an
+    unclamped cast writes NaN) and rounded once; its value times o_scale is the attention
+    (FlashInfer's o_scale: real = quantized * o_scale)."""
+    dtype = np.dtype(getattr(ml_dtypes, fmt))
+    top = float(ml_dtypes.finfo(dtype).max)
+    return np.clip(np.asarray(out, np.float64) / float(o_scale), -top, top).astype(dtype)
+
+
+def _format(*arrays) -> str | None:
+    """The fp8 format of the first of the arrays stored in one (k's, v's, then q's)."""
+    dtype = next((np.asarray(x).dtype for x in arrays if _is_fp8(np.asarray(x).dtype)), None)
+    return None if dtype is None else dtype.name
+
+
+def descaled(*convert, quantize=scaled_output):
     """Decorator of sdpa: with an fp8 q, k, v or a descale, the three become float32 times
-    their descales (dequantize, to_float32 ``convert``) first; other calls pass through."""
+    their descales (dequantize, to_float32 ``convert``) first; with an ``o_scale`` the
+    output is written in their fp8 format (``quantize(out, o_scale, fmt)``: scaled_output,
+    or a framework's own); other calls pass through."""
     def wrap(method):
         @functools.wraps(method)
         def wrapper(self, q, k, v, *arrays, q_descale=None, k_descale=None, v_descale=None,
-                    **params):
-            scales = (q_descale, k_descale, v_descale)
-            if any(_is_fp8(np.asarray(x).dtype) for x in (q, k, v)) or any(
-                    d is not None for d in scales):
+                    o_scale=None, **params):
+            scales, fmt = (q_descale, k_descale, v_descale), _format(k, v, q)
+            if fmt or any(d is not None for d in scales):
                 q, k, v = (dequantize(x, d, *convert) for x, d in zip((q, k, v), scales))
-            return method(self, q, k, v, *arrays, **params)
+            out = method(self, q, k, v, *arrays, **params)
+            if o_scale is None:
+                return out
+            if fmt is None:
+                raise NotImplementedError("o_scale writes the output in the inputs' fp8 "
+                                          "format, and no input is fp8")
+            return quantize(out, o_scale, fmt)
         return wrapper
     return wrap

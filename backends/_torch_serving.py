@@ -1,12 +1,13 @@
 """The serving forms on torch tensors, for the torch adapters: partial attention states
 merged (torch has no merge op: composed from torch.exp and sums, the largest lse
-subtracted first), the dtype of an lse, and fp8 inputs read through torch's own float8
-dtypes."""
+subtracted first), the dtype of an lse, and fp8 inputs read and fp8 outputs written
+through torch's own float8 dtypes."""
 
 from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import torch
 
@@ -22,6 +23,18 @@ def fp8_to_float32(x) -> np.ndarray:
     if x.dtype.name not in FP8:
         return x.astype(np.float32)
     return torch.from_numpy(x.view(np.uint8)).view(FP8[x.dtype.name]).to(torch.float32).numpy()
+
+
+def scaled_output(out: np.ndarray, o_scale, fmt: str) -> np.ndarray:
+    """The output written with an output scale, by torch's own float8 cast: out / o_scale
+    clamped to the format's largest finite value (torch's cast does not saturate: e4m3fn
+    past 448 becomes NaN), its bits viewed as the ml_dtypes format (rules.descaled's
+    quantize)."""
+    dtype = FP8[fmt]
+    top = torch.finfo(dtype).max
+    x = torch.clamp(torch.from_numpy(np.asarray(out, np.float64)) / float(o_scale), -top, top)
+    bits = x.to(dtype).view(torch.uint8).numpy()
+    return np.array(bits.view(getattr(ml_dtypes, fmt)), copy=True)
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:

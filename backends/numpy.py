@@ -384,12 +384,14 @@ class NumpyBackend:
 
     def paged_sdpa(self, q, k_pages, v_pages, *, block_table, kv_lengths, sink=None,
                    q_descale=None, k_descale=None, v_descale=None, page_layout="NHD",
-                   causal=None, scale=None, softcap=None, window=None, q_lengths=None, qv=None):
+                   causal=None, scale=None, softcap=None, window=None, q_lengths=None, qv=None,
+                   o_scale=None):
         """The pages read back (rules.gather_pages), then sdpa with the lengths."""
         k, v = rules.gather_pages(k_pages, v_pages, block_table, kv_lengths, page_layout)
         return self.sdpa(q, k, v, sink=sink, q_descale=q_descale, k_descale=k_descale,
                          v_descale=v_descale, causal=causal, scale=scale, softcap=softcap,
-                         window=window, q_lengths=q_lengths, kv_lengths=kv_lengths, qv=qv)
+                         window=window, q_lengths=q_lengths, kv_lengths=kv_lengths, qv=qv,
+                         o_scale=o_scale)
 
     def merge_states(self, outs, lses):
         dt, _ = _dtypes(np.asarray(outs))

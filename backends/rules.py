@@ -33,7 +33,7 @@ Functions and classes:
   matrices this machine cannot hold (NotImplementedError: the test is unsupported, by size);
 - ``gather_pages``: a paged KV cache read back as contiguous keys and values;
 - ``merge_states``: partial attention states (output, lse) merged, in base e or 2;
-- ``dequantize``, ``descaled`` (fp8 times descales), ``fold_qv`` (MLA's ``qv``), ``lse_dtype``.
+- ``dequantize``, ``descaled``, ``scaled_output`` (fp8), ``fold_qv`` (MLA's ``qv``), ``lse_dtype``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import os
 
 import numpy as np
 
-from ._fp8 import FP8, dequantize, descaled  # noqa: F401 (fp8: part of this module's API)
+from ._fp8 import FP8, dequantize, descaled, scaled_output  # noqa: F401 (fp8: the API)
 from .absorbed import fold_qv, qv_folded as _qv_folded  # noqa: F401 (fold_qv: public)
 from ._outputs import lse_dtype  # noqa: F401 (public)
 

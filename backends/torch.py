@@ -372,7 +372,7 @@ class TorchBackend:
                                  softcap=softcap, window=window)
             return _to_numpy(p)
 
-    @rules.descaled(_torch_serving.fp8_to_float32)
+    @rules.descaled(_torch_serving.fp8_to_float32, quantize=_torch_serving.scaled_output)
     @rules.sized(streams=_streams)
     @rules.lengths_as_mask
     def sdpa(self, q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=None,

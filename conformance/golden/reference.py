@@ -23,9 +23,10 @@ import numpy as np
 from ..model.dtypes import UNIT_ROUNDOFF
 from ..model.ops import OPS
 from ..model.policies import DEFAULT_POLICIES
-from .rounding import (_mm, _r, _rw, _sum, rounded_to,  # noqa: F401 (rounded_to: the API)
+from .rounding import (_mm, _r, _rw, _sum, output_format, rounded_to,  # noqa: F401 (the API)
                        rounding_dtype)
-from .serving import dequantized, merge_states, read_pages  # noqa: F401 (merge_states: an op)
+from .serving import (dequantized, merge_states, read_pages,  # noqa: F401 (merge_states: an op)
+                      scaled_output)
 from .structure import structured
 
 #: query rows processed at once by sdpa and sdpa_vjp
@@ -356,13 +357,14 @@ def _weighted_values(p, keep, v, policy):
 @structured
 def sdpa(q, k, v, *, mask=None, bias=None, sink=None, q_descale=None, k_descale=None,
          v_descale=None, causal=None, scale=None, softcap=None, window=None, q_lengths=None,
-         kv_lengths=None, qv=None, policies=None):
-    """With descales (fp8), attention over q, k, v each times its descale factor."""
+         kv_lengths=None, qv=None, o_scale=None, policies=None):
+    """With descales (fp8), attention over q, k, v each times its descale factor; with an
+    o_scale, the fp8 output that stands for it (serving.scaled_output: out / o_scale)."""
     q, k, v = dequantized(q, q_descale), dequantized(k, k_descale), dequantized(v, v_descale)
     if qv is not None:
         q, k, scale = _absorbed(q, k, v, qv, scale)
-    return _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies,
-                 q_lengths, kv_lengths)[0]
+    return scaled_output(_sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window,
+                               policies, q_lengths, kv_lengths)[0], o_scale)
 
 
 def _absorbed(q, k, v, qv, scale):
@@ -390,7 +392,7 @@ def sdpa_lse(q, k, v, *, mask=None, bias=None, sink=None, causal=None, scale=Non
 
 def paged_sdpa(q, k_pages, v_pages, *, block_table, kv_lengths, sink=None, q_descale=None,
                k_descale=None, v_descale=None, page_layout="NHD", causal=None, scale=None,
-               softcap=None, window=None, q_lengths=None, qv=None, policies=None):
+               softcap=None, window=None, q_lengths=None, qv=None, o_scale=None, policies=None):
     """sdpa of q over each sequence's keys and values read from the page pools
     (serving.read_pages): sequence b has kv_lengths[b] keys, and under bottom_right its
     query i sits at kv_lengths[b] - q_lengths[b] + i, as sdpa with lengths has it."""
@@ -399,7 +401,7 @@ def paged_sdpa(q, k_pages, v_pages, *, block_table, kv_lengths, sink=None, q_des
     return sdpa(q, k, v, sink=sink, q_descale=q_descale, k_descale=k_descale,
                 v_descale=v_descale, causal=causal, scale=scale, softcap=softcap,
                 window=window, q_lengths=q_lengths, kv_lengths=kv_lengths, qv=qv,
-                policies=policies)
+                o_scale=o_scale, policies=policies)
 
 
 def _sdpa(q, k, v, mask, bias, sink, causal, scale, softcap, window, policies,

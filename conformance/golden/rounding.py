@@ -13,7 +13,7 @@ import contextvars
 
 import numpy as np
 
-from ..model.dtypes import numpy_dtype, round_to
+from ..model.dtypes import FP8_MAX, numpy_dtype, round_to
 
 _ROUNDING = contextvars.ContextVar("rounding", default=None)
 
@@ -22,6 +22,8 @@ _ROUNDING = contextvars.ContextVar("rounding", default=None)
 _ACCUMULATE = contextvars.ContextVar("accumulate", default=None)
 #: the fp8 format the weights P are rounded to before P V under rounded_to (None: _r's)
 _WEIGHTS = contextvars.ContextVar("weights", default=None)
+#: the fp8 format an output written with an o_scale is in (None: none known)
+_OUTPUT = contextvars.ContextVar("output_format", default=None)
 
 
 @contextlib.contextmanager
@@ -40,6 +42,29 @@ def rounded_to(dtype: str | None, accumulate: str | None = None, weights: str | 
         _WEIGHTS.reset(narrow)
         _ACCUMULATE.reset(wide)
         _ROUNDING.reset(token)
+
+
+@contextlib.contextmanager
+def output_format(dtype: str | None):
+    """The fp8 format (a case's dtype; any other: none) that an output written with an
+    o_scale is stored in: scaled_output saturates at its largest finite value, and rounds
+    to it under rounded_to (the plain computation)."""
+    token = _OUTPUT.set(dtype if dtype in FP8_MAX else None)
+    try:
+        yield
+    finally:
+        _OUTPUT.reset(token)
+
+
+def _ro(x):
+    """An output as its fp8 format stores it (output_format): saturated at the largest
+    finite value; in the plain computation also rounded to the format."""
+    fmt = _OUTPUT.get()
+    if fmt is None:
+        return x
+    if _ROUNDING.get() is not None:
+        return round_to(x, fmt)
+    return np.where(np.isfinite(x), np.clip(x, -FP8_MAX[fmt], FP8_MAX[fmt]), x)
 
 
 def _r(x):

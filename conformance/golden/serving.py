@@ -1,9 +1,9 @@
 """The float64 reference of the serving forms: a paged KV cache read back into
-contiguous keys and values, partial attention states merged, and fp8 inputs times
-their descale factors.
+contiguous keys and values, partial attention states merged, fp8 inputs times
+their descale factors, and an fp8 output over its output scale.
 
 Written from docs/interface.md ("Paged KV cache", "Merging partial states", "fp8 inputs
-and descale factors"),
+and descale factors", "The output scale"),
 independently of every backend (backends/rules.py has the adapters' own gather).
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from ..model.ops import PAGE_LAYOUTS
 from ..model.policies import DEFAULT_POLICIES
-from .rounding import _r, _sum
+from .rounding import _r, _ro, _sum
 
 
 def pages_as_tokens(pages, layout):
@@ -53,6 +53,14 @@ def dequantized(x, descale):
         return _r(x * descale.reshape(()))
     per_head = np.repeat(descale, x.shape[-3] // descale.shape[-1], axis=-1)   # (B, H)
     return _r(x * per_head[..., None, None])
+
+
+def scaled_output(out, o_scale):
+    """The output written with an output scale: out / o_scale, the value whose product
+    with o_scale is the attention (FlashInfer's o_scale, real = quantized * o_scale;
+    vLLM's output_scale), saturated at the largest finite value of the case's fp8 format
+    (rounding.output_format) and, in the plain computation, rounded to it."""
+    return out if o_scale is None else _ro(np.asarray(out, dtype=np.float64) / float(o_scale))
 
 
 def _empty(lse):

@@ -69,9 +69,12 @@ def dtype_name(dtype) -> str | None:
 def output_dtype(case_dtype: str, name: str | None = None, params=None) -> str:
     """The dtype of output `name` of a case of this dtype (docs/interface.md, "Arrays and
     dtypes"): its own, float32 for fp8; a log-sum-exp (LSE_NAMES) float32 beside float16
-    and bfloat16."""
+    and bfloat16; `out` in the case's fp8 format when `params` give an `o_scale` (the fp8
+    output that an output scale writes)."""
     if name in LSE_NAMES and case_dtype in HALF:
         return WIDE
+    if name == "out" and case_dtype in FP8_MAX and (params or {}).get("o_scale") is not None:
+        return case_dtype
     return WIDE if case_dtype in FP8_MAX else case_dtype
 
 

@@ -60,6 +60,9 @@ _BLOCKS = ("block_mask", "block_size")
 _ATTENTION = _PIPELINE + _LENGTHS + _SEGMENTS + _BLOCKS
 #: fp8: the factor each stored q, k, v is multiplied by, per tensor or per (batch, kv head)
 DESCALES = ("q_descale", "k_descale", "v_descale")
+#: fp8: the output written in the case's fp8 format as out / o_scale (its dequantization
+#: factor: FlashInfer's o_scale, vLLM's output_scale)
+OUTPUT_SCALE = ("o_scale",)
 #: the case computed over W ranks by the backend's distributed form (model/sharding.py)
 _SHARDING = ("sharding",)
 #: a paged KV cache: the pages of each sequence, its length, and the layout of a page
@@ -77,7 +80,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
        shapes.attention_weights, ("q",), ("k",), True, True,
        "softmax(q kᵀ · scale + bias, masked) over the keys"),
     Op("sdpa", ("q", "k", "v"), ("mask", "bias", "sink", "qv") + DESCALES,
-       _ATTENTION + _SHARDING, (), ("out",), shapes.sdpa,
+       _ATTENTION + _SHARDING + OUTPUT_SCALE, (), ("out",), shapes.sdpa,
        ("q", "qv"), ("k", "v"), True, True, "scaled dot-product attention: weights @ v"),
     Op("sdpa_lse", ("q", "k", "v"), ("mask", "bias", "sink"), _PIPELINE + _SHARDING, (),
        ("out", "lse"),
@@ -95,7 +98,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
        "the gradients of sdpa for an upstream gradient d_out (and d_sink with a sink)",
        (("d_sink", "sink"),)),
     Op("paged_sdpa", ("q", "k_pages", "v_pages"), ("sink", "qv") + DESCALES,
-       ("causal", "scale", "softcap", "window", "q_lengths") + _PAGED, _PAGED[:2], ("out",),
+       ("causal", "scale", "softcap", "window", "q_lengths") + _PAGED + OUTPUT_SCALE, _PAGED[:2],
+       ("out",),
        shapes.paged_sdpa, ("q", "qv"), (), True, False,
        "sdpa of each sequence over its keys and values in a paged KV cache (block table)"),
     Op("merge_states", ("outs", "lses"), (), (), (), ("out", "lse"), shapes.merge_states,

@@ -83,6 +83,10 @@ def _check_names(case) -> list[str]:
     if fp8 and "q_descale" not in op.inputs:
         problems.append(f"dtype {fp8[0]} is for the ops that take descale factors (sdpa,"
                         f" paged_sdpa), not {case.op}")
+    wide = [d for d in case.dtypes if d not in FP8_DTYPES]
+    if "o_scale" in case.params and wide:
+        problems.append(f"param o_scale writes the output in the case's fp8 format: dtype "
+                        f"{wide[0]} has none (o_scale cases are float8_e4m3fn, float8_e5m2)")
     return problems
 
 

@@ -136,6 +136,10 @@ SCENARIOS = {
                                       "op: sdpa", "op: attention_weights"),
                              "id: fp8-weights", "dtype float8_e4m3fn is for the ops that take "
                              "descale factors (sdpa, paged_sdpa), not attention_weights"),
+    "o_scale_without_fp8": (case("o-scale-float64", "    dtypes:",
+                                 "    params: {o_scale: 0.5}\n    dtypes:"),
+                            "id: o-scale-float64", "param o_scale writes the output in the "
+                            "case's fp8 format: dtype float64 has none"),
     "passed_as_fp8": (case("fp8-bias", "seed: 3}}", "seed: 3}, passed_as: float8_e5m2}"),
                       "passed_as", "unknown passed_as 'float8_e5m2' (known: float64"),
     "unknown_policy": (policy("bad-policy", "fully_masked", "zeros"),

@@ -108,7 +108,8 @@ class _PRoundedToFp8(NumpyBackend):
 
     name = "p-rounded-to-fp8"
 
-    def sdpa(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, **params):
+    def sdpa(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, o_scale=None,
+             **params):
         fmt = next((x.dtype for x in (k, q) if x.dtype.name in rules.FP8), None)
         q, k, v = (rules.dequantize(x, d) for x, d in
                    zip((q, k, v), (q_descale, k_descale, v_descale)))
@@ -117,7 +118,8 @@ class _PRoundedToFp8(NumpyBackend):
                               **params)
         p = np.nan_to_num(p).astype(fmt).astype(np.float32)
         heads = q.shape[-3] // v.shape[-3]
-        return (p @ np.repeat(v, heads, axis=-3)).astype(np.float32)
+        out = (p @ np.repeat(v, heads, axis=-3)).astype(np.float32)
+        return out if o_scale is None else rules.scaled_output(out, o_scale, fmt.name)
 
 
 def test_a_kernel_that_rounds_p_to_the_format_passes_every_fp8_sdpa_case(spec):
