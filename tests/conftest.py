@@ -22,6 +22,36 @@ os.environ["PYTEST_ADDOPTS"] = " ".join(
 
 pytest_plugins = ["pytester"]
 
+#: the private folder (removed at the end) of the compiled modules of the processes the
+#: tests start, when PYTHONDONTWRITEBYTECODE would have them compile every module anew
+_PYCACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+    """Under PYTHONDONTWRITEBYTECODE (and no PYTHONPYCACHEPREFIX), every process a test
+    starts (hundreds: each certification is three) compiled the package and the test
+    adapters from source, ~0.07 CPU s each: the processes this session starts (its xdist
+    workers included) write and read their compiled modules in a private temporary
+    folder instead, removed when the session ends; nothing is written into the tree."""
+    if hasattr(config, "workerinput") or not os.environ.get("PYTHONDONTWRITEBYTECODE") \
+            or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    import tempfile
+
+    config.stash[_PYCACHE] = tempfile.mkdtemp(prefix="attention-conformance-pycache-")
+    os.environ["PYTHONPYCACHEPREFIX"] = config.stash[_PYCACHE]
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+
+
+def pytest_unconfigure(config):
+    folder = config.stash.get(_PYCACHE, None)
+    if folder is not None:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+        del os.environ["PYTHONPYCACHEPREFIX"]
+        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
 
 @pytest.fixture(scope="session")
 def worked_examples_spec(tmp_path_factory):

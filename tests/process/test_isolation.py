@@ -29,6 +29,9 @@ SELECT = "wo-ai-zhong-guo-cross-attention or wo-ai-zhong-guo-weights"
 SDPA_TESTS = 4          # 2 variants x float32, float64 (twice as many with every dtype)
 WEIGHTS_TESTS = 2
 TIMEOUT = "the backend did not finish this test's calls within 1 s (--case-timeout"
+#: a judge silent this long is replaced, in the runs that stop theirs (3 heartbeats, as in
+#: test_judge.py; a real run waits judge_proxy.STALLED_SECONDS, 10 s)
+STALLED = 3.0
 
 #: adapter -> (the statuses of its sdpa tests: one for all, or each of them sorted; the
 #: text each of their messages holds (of the first status, if several); options)
@@ -65,19 +68,32 @@ FAULTS = {
 }
 
 
+#: pytest (argv[2:]) in a runner that takes a judge silent for argv[1] seconds for
+#: stopped (judge_proxy.STALLED_SECONDS, 10 s in a real run)
+_STALLED_AFTER = """
+import sys
+import pytest
+from attention_conformance.process import judge_proxy
+judge_proxy.STALLED_SECONDS = float(sys.argv[1])
+sys.exit(pytest.main(sys.argv[2:]))
+"""
+
+
 def certify(tmp_path, adapter, cases, *options, timeout=240, tag=None, select=SELECT,
-            spec_dir=None):
+            spec_dir=None, stalled=None):
     """Certify a faulty adapter on the sdpa and weights worked examples (or the cases
     `select` picks in `cases`, of the spec folder `spec_dir`) in a fresh pytest process,
     every process of which carries `tag` in its environment; the run's result and its
-    JSON report (None if it wrote none)."""
+    JSON report (None if it wrote none). stalled: the seconds of silence after which the
+    runner replaces its judge, if not the real run's."""
     reports = tmp_path / "reports"
     for folder in ("tmp", "markers"):
         (tmp_path / folder).mkdir(exist_ok=True)     # the run's temporary folder: its own
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "TMPDIR": str(tmp_path / "tmp"),
            "FAULTY_MARKERS": str(tmp_path / "markers"), "FAULTY_TEST_TAG": tag or "none"}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(cases), "--spec-dir", str(spec_dir or cases), "-p",
+        [sys.executable, *(("-c", _STALLED_AFTER, str(stalled)) if stalled else ("-m", "pytest")),
+         str(cases), "--spec-dir", str(spec_dir or cases), "-p",
          "attention_conformance.plugin", "-p", "no:cacheprovider", "-q",
          "--backend", str(FAULTY / adapter), "-k", select, "--dtype", "float32",
          "--dtype", "float64", "--report", str(reports), *options],
@@ -136,15 +152,15 @@ def test_a_stopped_judge_is_replaced_within_seconds_and_the_test_judged_again(
     """The backend stops its judge (SIGSTOP) on the run's first sdpa call: the runner hears
     nothing from it (not even its heartbeat), ends it and everything of its run, and a
     fresh judge judges that test again: it passes, as every other test does."""
-    from attention_conformance.process.judge_proxy import STALLED_SECONDS
     tag = uuid.uuid4().hex
     started = time.monotonic()
     done, report = certify(tmp_path, "stops_its_judge.py:StopsItsJudgeOnce",
-                           worked_examples_spec, tag=tag)
+                           worked_examples_spec, tag=tag, stalled=STALLED)
     assert report is not None, (done.stdout + done.stderr)[-3000:]
     assert {r["status"] for r in report["results"]} == {"pass"}
     assert len(report["results"]) == SDPA_TESTS + WEIGHTS_TESTS
-    assert time.monotonic() - started < STALLED_SECONDS + 60
+    assert (tmp_path / "markers" / "stopped-once").exists()     # it did stop its judge
+    assert time.monotonic() - started < STALLED + 60
     assert_nothing_left(tmp_path, tag)
 
 
@@ -264,24 +280,51 @@ def test_a_run_killed_outright_leaves_nothing_behind(tmp_path, worked_examples_s
     assert_nothing_left(tmp_path, tag)
 
 
+#: pytest (argv[2:]), with a plugin that creates the file argv[1] once the run has
+#: collected its tests. Its hook is trylast, as is the certification's, which waits there
+#: for the backend's declaration: pluggy calls the hooks of that rank in the order of
+#: their registration, and this plugin is registered first (the certification's at
+#: pytest_configure), so its hook is the last one before that wait.
+_MARKS_COLLECTED = """
+import sys
+import pytest
+
+
+class Collected:
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self):
+        open(sys.argv[1], "w").close()
+
+
+sys.exit(pytest.main(sys.argv[2:], plugins=[Collected()]))
+"""
+
+
 def test_ctrl_c_during_a_slow_adapter_import_ends_the_run_at_once(tmp_path, worked_examples_spec):
     """The adapter takes two minutes to import (in the backend's process): Ctrl-C ends the
-    run within seconds, with its report marked incomplete, instead of after the import."""
+    run within seconds, with its report marked incomplete, instead of after the import.
+    The Ctrl-C comes once the import has started and the run has collected its tests
+    (each says so by a marker file), however long start-up takes."""
+    markers = tmp_path / "markers"
     for folder in ("tmp", "markers"):
         (tmp_path / folder).mkdir(exist_ok=True)
     tag = uuid.uuid4().hex
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", str(worked_examples_spec), "--spec-dir",
+        [sys.executable, "-c", _MARKS_COLLECTED, str(markers / "collected"),
+         str(worked_examples_spec), "--spec-dir",
          str(worked_examples_spec), "-p", "attention_conformance.plugin", "-p",
          "no:cacheprovider", "-q", "--backend", str(FAULTY / "slow_import.py:SlowImport"),
          "-k", SELECT, "--report", str(tmp_path / "reports")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
         env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "FAULTY_TEST_TAG": tag,
-             "TMPDIR": str(tmp_path / "tmp")},
+             "FAULTY_MARKERS": str(markers), "TMPDIR": str(tmp_path / "tmp")},
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(3)                           # collected, and waiting for the declaration
+    deadline = time.monotonic() + 120       # collected, and the import under way
+    while not ((markers / "importing").exists() and (markers / "collected").exists()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    out = _ended(proc, 30)                  # not the 117 s left of the import
+    out = _ended(proc, 30)                  # not the rest of the import's 120 s
     [report] = (tmp_path / "reports").glob("*.json")
     data = json.loads(report.read_text())
     assert data["complete"] is False and data["not_run"] == 2 * (SDPA_TESTS + WEIGHTS_TESTS), out

@@ -57,13 +57,6 @@ def cases_dir(tmp_path, text):
     return folder
 
 
-def test_a_cached_spec_equals_the_validated_one(cache):
-    fresh = load_spec(CASES_DIR, cache=True)      # validates and fills the cache
-    cached = load_spec(CASES_DIR, cache=True)     # reads every file back
-    assert not fresh.errors and len(list(cache.glob("*.json"))) == len(list(CASES_DIR.glob("*.yaml")))
-    assert [repr(c) for c in cached.cases] == [repr(c) for c in fresh.cases]   # NaN-safe
-
-
 def test_nan_survives_the_cache(cache, tmp_path):
     folder = cases_dir(tmp_path, GOOD)
     first = load_spec(folder, cache=True).cases
@@ -345,6 +338,15 @@ def _input_bits(cases) -> dict:
     memo of generated_inputs, whose key, repr(), is blind to a NaN's sign)."""
     return {(c.id, v.label, name): array.tobytes() for c in cases for v in c.variants
             for name, array in build_inputs(c.inputs, v.dims).items()}
+
+
+def test_a_cached_spec_equals_the_validated_one(cache):
+    """The whole spec (here, after the tests of a few files: a mutant of the cache that
+    they catch, run with -x, stops before these seconds of validation)."""
+    fresh = load_spec(CASES_DIR, cache=True)      # validates and fills the cache
+    cached = load_spec(CASES_DIR, cache=True)     # reads every file back
+    assert not fresh.errors and len(list(cache.glob("*.json"))) == len(list(CASES_DIR.glob("*.yaml")))
+    assert [repr(c) for c in cached.cases] == [repr(c) for c in fresh.cases]   # NaN-safe
 
 
 def test_inputs_are_the_same_bits_with_a_cold_or_a_warm_cache(cache, counted):
