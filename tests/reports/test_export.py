@@ -222,14 +222,19 @@ def _run_blocked(script, *args, cwd):
                           capture_output=True, text=True, timeout=300)
 
 
+_NOT_NUMPY = {name: getattr(ml_dtypes, name) for name in ("bfloat16", "float8_e4m3fn",
+                                                            "float8_e5m2")}
+
+
 def _numpy_outputs(root, saved, index):
     """Run the NumPy backend on every exported input; save its outputs per data file."""
     backend = NumpyBackend()
     for case in index["cases"]:
         for entry in case["entries"]:
             data = _npz_groups(root / entry["file"], only="inputs")
-            inputs = {n: a.astype(ml_dtypes.bfloat16) if entry["inputs"][n]["dtype"] == "bfloat16"
-                      else a for n, a in data.get("inputs", {}).items()}
+            # bfloat16 and fp8 are stored as float32: cast back, as the export's README says
+            inputs = {n: a.astype(_NOT_NUMPY.get(entry["inputs"][n]["dtype"], a.dtype))
+                      for n, a in data.get("inputs", {}).items()}
             args = [inputs.pop(name) for name in case["positional"]]
             # a sharded case's golden is the whole call's: the sharding is how it is split
             params = {k: v for k, v in case["params"].items() if k != "sharding"}

@@ -155,6 +155,14 @@ def test_every_documented_command_exists():
             "new-backend"} <= used
 
 
+def test_the_cli_page_names_every_built_in_backend():
+    """docs/cli.md's list of built-in names is the registry's (a new backend adds itself)."""
+    from attention_conformance.backends import BUILTIN
+    page = (ROOT / "docs" / "cli.md").read_text()
+    listed = page.split("- `BACKEND`: a built-in name (")[1].split("), the name of an")[0]
+    assert set(re.findall(r"`([\w-]+)`", listed)) == set(BUILTIN)
+
+
 def test_the_readme_shows_the_installed_path_first():
     """The README's first commands install the package and run it, before any checkout."""
     text = (ROOT / "README.md").read_text()
