@@ -63,7 +63,7 @@ class JaxRingProcessesBackend(JaxRingBackend):
         return jax.make_array_from_process_local_data(sharding, np.asarray(a))
 
     @staticmethod
-    def _result(x, like) -> np.ndarray:
-        """This rank's rows of a global output."""
+    def _result(x, dtype) -> np.ndarray:
+        """This rank's rows of a global output, in dtype (jax_ring's _result)."""
         [local] = x.addressable_shards
-        return np.array(np.asarray(local.data)[0].astype(like.dtype), copy=True)
+        return np.array(np.asarray(local.data)[0].astype(dtype), copy=True)
