@@ -45,7 +45,7 @@ def scaled_output(out, o_scale, fmt: str):
 
 def _format(*arrays) -> str | None:
     """The fp8 format of the first of the arrays stored in one (k's, v's, then q's)."""
-    dtype = next((np.asarray(x).dtype for x in arrays if _is_fp8(np.asarray(x).dtype)), None)
+    dtype = next((d for d in (np.asarray(x).dtype for x in arrays) if _is_fp8(d)), None)
     return None if dtype is None else dtype.name
 
 

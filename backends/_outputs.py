@@ -18,3 +18,10 @@ def lse_dtype(dtype) -> np.dtype:
     ``dtype`` itself (float64 stays float64)."""
     name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
     return np.dtype(np.float32) if name in HALF else np.dtype(dtype)
+
+
+def identity_values(q, k) -> np.ndarray:
+    """V = identity(Lk) in q's dtype, broadcast over k's batch dims: sdpa(q, k, V) is then
+    the attention weights (attention_weights for an API that has only sdpa)."""
+    lk = np.shape(k)[-2]
+    return np.broadcast_to(np.eye(lk, dtype=np.asarray(q).dtype), np.shape(k)[:-2] + (lk, lk))

@@ -47,7 +47,7 @@ import numpy as np
 
 from ._fp8 import FP8, dequantize, descaled, scaled_output  # noqa: F401 (fp8: the API)
 from .absorbed import fold_qv, qv_folded as _qv_folded  # noqa: F401 (fold_qv: public)
-from ._outputs import lse_dtype  # noqa: F401 (public)
+from ._outputs import identity_values, lse_dtype  # noqa: F401 (public)
 
 #: the values of ``causal``
 CAUSAL = (None, "top_left", "bottom_right")

@@ -178,9 +178,7 @@ class TinygradBackend:
     @rules.lengths_as_mask
     def attention_weights(self, q, k, *, mask=None, bias=None, sink=None, causal=None,
                           scale=None, softcap=None, window=None):
-        lk = k.shape[-2]
-        eye = np.broadcast_to(np.eye(lk, dtype=np.asarray(q).dtype), k.shape[:-2] + (lk, lk))
-        return self.sdpa(q, k, eye, mask=mask, bias=bias, sink=sink, causal=causal,
+        return self.sdpa(q, k, rules.identity_values(q, k), mask=mask, bias=bias, sink=sink, causal=causal,
                          scale=scale, softcap=softcap, window=window)
 
     @rules.lengths_as_mask

@@ -56,14 +56,7 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def dtype_name(dtype) -> str | None:
     """The spec's name of a NumPy dtype, or None if it is not one of the table's."""
-    dtype = np.dtype(dtype)
-    name = _NAMES.get(dtype)            # every output is checked: a lookup, not a loop
-    if name is not None:
-        return name
-    for name, candidate in NUMPY_DTYPES.items():
-        if candidate == dtype:
-            return name
-    return None
+    return _NAMES.get(np.dtype(dtype))     # every output is checked: a lookup, not a loop
 
 
 def output_dtype(case_dtype: str, name: str | None = None, params=None) -> str:
