@@ -15,9 +15,10 @@ import time
 import traceback
 
 from ..backend.calling import cast_inputs, checked_outputs
-from ..golden.compute import rounded_inputs
+from ..golden.compute import generated_inputs, rounded_inputs, shares_rounded
 from ..model.errors import BackendCrashed, BackendRaised, CaseTimeout, CheckFailure, Unsupported
 from ..model.case import timeout_factor
+from ..model.dtypes import rounded_and_cast
 from ..model.layout import call_params
 from ..model.text import printable
 from . import invariance
@@ -36,9 +37,13 @@ STATUSES = {
 
 
 def case_inputs(case, variant, dtype) -> tuple[dict, dict]:
-    """(the exact float64 inputs, the inputs as the backend receives them)."""
-    exact_inputs = rounded_inputs(case, variant, dtype)
-    return exact_inputs, cast_inputs(exact_inputs, dtype, case.input_dtypes(dtype))
+    """(the exact float64 inputs, the inputs as the backend receives them): rounded_inputs
+    and their cast, made from one cast of each input (bit for bit the same)."""
+    dtypes = case.input_dtypes(dtype)
+    if shares_rounded(case):
+        exact_inputs = rounded_inputs(case, variant, dtype)
+        return exact_inputs, cast_inputs(exact_inputs, dtype, dtypes)
+    return rounded_and_cast(generated_inputs(case, variant), dtypes)
 
 
 def run_case(caller, case, variant, dtype, golden, prepared=None, called=None) -> Result:

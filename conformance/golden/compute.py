@@ -87,11 +87,17 @@ def generated_inputs(case, variant) -> dict[str, np.ndarray]:
 _ROUNDED: dict = {}
 
 
+def shares_rounded(case) -> bool:
+    """Are a test's rounded inputs made once and shared by its inputs and its golden
+    (rounded_inputs)? A scale case's are."""
+    return case.profile == "scale"
+
+
 def rounded_inputs(case, variant, dtype) -> dict[str, np.ndarray]:
     """The case's inputs as the backend sees them, in float64 (bool masks unchanged). A
     scale case's are made once for its test and shared, read-only, by the test's inputs
     and its golden (the last test's alone are kept: a million keys are 1 GB a copy)."""
-    key = (repr(case.inputs), repr(variant.dims), dtype) if case.profile == "scale" else None
+    key = (repr(case.inputs), repr(variant.dims), dtype) if shares_rounded(case) else None
     if key in _ROUNDED:
         return dict(_ROUNDED[key])
     arrays, dtypes = generated_inputs(case, variant), case.input_dtypes(dtype)

@@ -93,8 +93,31 @@ def round_to(x, name: str) -> np.ndarray:
     x = np.asarray(x)
     if name == "float64":
         return x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        return cast_to(x, name).astype(np.float64)
+
+
+def cast_to(x: np.ndarray, name: str) -> np.ndarray:
+    """x in dtype `name`, as round_to rounds it (its caller ignores overflow: a value
+    beyond the range becomes +-inf)."""
     if name in FP8_MAX:
         top = FP8_MAX[name]
         x = np.where(np.isfinite(x), np.clip(x, -top, top), x)
+    return x.astype(NUMPY_DTYPES[name])
+
+
+def rounded_and_cast(arrays: dict, dtypes: dict) -> tuple[dict, dict]:
+    """(each float array rounded to its dtype in `dtypes`, in float64; the same in that
+    dtype), from one cast each: what round_to and then a cast of its result to the dtype
+    give, bit for bit. A bool mask is copied, the copy in both."""
+    exact, cast = {}, {}
     with np.errstate(over="ignore"):
-        return x.astype(NUMPY_DTYPES[name]).astype(np.float64)
+        for name, array in arrays.items():
+            if array.dtype == bool:
+                exact[name] = cast[name] = array.copy()
+            elif dtypes[name] == "float64":
+                exact[name], cast[name] = array.astype(np.float64), array.astype(np.float64)
+            else:
+                cast[name] = cast_to(array, dtypes[name])
+                exact[name] = cast[name].astype(np.float64)
+    return exact, cast

@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from attention_conformance.golden import reference
+from attention_conformance.backend.calling import cast_inputs
+from attention_conformance.checking.verdict import case_inputs
 from attention_conformance.golden.compute import rounded_inputs
 from attention_conformance.model.ops import OPS
 from attention_conformance.checking.statistics import STATISTICS
@@ -40,6 +42,25 @@ OTHER_SEEDS = 40
 
 def test_inputs_match_the_frozen_checksum():
     assert inputs_checksum() == FROZEN_SHA256
+
+
+def _bits(arrays: dict) -> dict:
+    return {name: (a.dtype, a.shape, a.tobytes()) for name, a in arrays.items()}
+
+
+def test_a_test_gets_the_rounded_inputs_and_their_cast_bit_for_bit():
+    """case_inputs casts each input once and widens that (not rounded_inputs and then a
+    second cast of its result): the same bits, in every dtype, fp8 and mixed included."""
+    tests = [(c, v, d) for c in real_spec().cases if c.profile == "quick"
+             for v in c.variants for d in c.dtypes]
+    assert {"float8_e4m3fn", "float8_e5m2", "bfloat16"} <= {d for _, _, d in tests}
+    for case, variant, dtype in tests:
+        exact, arrays = case_inputs(case, variant, dtype)
+        rounded = rounded_inputs(case, variant, dtype)
+        assert _bits(exact) == _bits(rounded), case.id
+        assert _bits(arrays) == _bits(cast_inputs(rounded, dtype, case.input_dtypes(dtype)))
+        assert all(exact[n] is arrays[n] for n, a in exact.items() if a.dtype == bool)
+        assert not any(exact[n] is arrays[n] for n, a in exact.items() if a.dtype != bool)
 
 
 def test_legacy_random_state_streams_are_the_documented_ones():

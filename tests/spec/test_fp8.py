@@ -16,7 +16,8 @@ from attention_conformance.backends.numpy import NumpyBackend
 from attention_conformance.checking.verdict import case_inputs, run_case
 from attention_conformance.golden import reference as R
 from attention_conformance.golden.store import GoldenStore
-from attention_conformance.model.dtypes import input_dtype, output_dtype, round_to
+from attention_conformance.model.dtypes import (DTYPES, input_dtype, numpy_dtype, output_dtype,
+                                                rounded_and_cast, round_to)
 from attention_conformance.model.errors import CheckFailure
 
 from _real_spec import real_spec
@@ -27,6 +28,19 @@ def test_quantizing_saturates_at_the_largest_finite_value_and_keeps_nan():
     assert round_to(x, "float8_e4m3fn")[:4].tolist() == [448.0, -448.0, 448.0, 0.3125]
     assert np.isnan(round_to(x, "float8_e4m3fn")[4])
     assert round_to([1e6, -1e6], "float8_e5m2").tolist() == [57344.0, -57344.0]
+
+
+def test_rounding_and_casting_at_once_gives_round_to_and_its_cast():
+    """Saturation, overflow to inf, NaN of either sign, -0.0 and subnormals of every
+    dtype: one cast (rounded_and_cast) gives the bits of round_to and a cast of it."""
+    x = np.array([1000.0, -500.0, 464.0, 0.3, np.nan, -np.nan, np.inf, -np.inf, -0.0,
+                  1e6, 70000.0, 3.5e38, 1e-8, -3e-41, 5e-324, 2.0**-20, 1 + 2.0**-9])
+    for name in DTYPES:
+        exact, cast = rounded_and_cast({"x": x, "m": x > 1}, {"x": name, "m": name})
+        assert exact["x"].tobytes() == round_to(x, name).tobytes(), name
+        assert cast["x"].dtype == numpy_dtype(name), name
+        assert cast["x"].tobytes() == round_to(x, name).astype(numpy_dtype(name)).tobytes()
+        assert exact["m"] is cast["m"] and exact["m"].tolist() == (x > 1).tolist()
 
 
 def test_each_input_and_output_has_the_dtype_of_the_rule():
