@@ -13,7 +13,8 @@ The judge sends the runner a heartbeat (protocol.Alive) every HEARTBEAT_SECONDS 
 thread of its own, so that a judge that is stopped or stuck is found within seconds
 (judge_proxy.STALLED_SECONDS). It is a subreaper: whatever a backend process leaves
 behind is re-parented to the judge, and the judge ends every process of the run when it
-ends (its runner gone, SIGTERM or SIGHUP).
+ends (its runner gone, SIGTERM or SIGHUP), and removes its folder once its runner has gone
+(_leave_folder).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -41,8 +43,10 @@ def main(argv=None) -> int:
         signal.signal(ending, _exit)
     run_tag = (spawn.RUN_TAG, os.environ.get(spawn.RUN_TAG, ""))
     options = protocol.JudgeOptions.from_json(argv[1])
+    runner_pid = int(argv[2]) if len(argv) > 2 else os.getppid()
     spawn.become_subreaper()
-    spawn.end_with_parent(before_exit=lambda: _end_run(run_tag, options.log_dir))
+    spawn.end_with_parent(before_exit=lambda: _end_run(run_tag, options.log_dir),
+                          parent=runner_pid)
     launched, proxy = spawn.start_backend(options), None
     try:                                                # the backend loads meanwhile
         from .ahead import AHEAD
@@ -63,6 +67,7 @@ def main(argv=None) -> int:
         if proxy is not None:
             proxy.close()
         spawn.end_tree(launched[0] if proxy is None else None, run_tag)
+        _leave_folder(options.log_dir, runner_pid)
     return 0
 
 
@@ -103,6 +108,54 @@ def _end_run(run_tag, folder: str) -> None:
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
     spawn.end_tree(None, run_tag)
+
+
+#: the janitor (argv: the judge's folder, its runner's pid, a pidfd of the runner or -1):
+#: waits for the runner to end, then removes the folder. SIGTERM and SIGHUP stay ignored
+#: (the judge's, as it ends): a second round of them does not leave the folder
+_JANITOR = """
+import os, select, shutil, sys, time
+folder, runner, pidfd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if pidfd >= 0:
+    select.select([pidfd], [], [])
+else:
+    while True:
+        try:
+            os.kill(runner, 0)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            pass
+        time.sleep(0.5)
+shutil.rmtree(folder, ignore_errors=True)
+"""
+
+
+def _leave_folder(folder: str, runner: int) -> None:
+    """The judge's folder as the judge ends: removed now if its runner has gone (killed
+    with the judge: no clean-up of the runner's ran), else left to the runner, which
+    removes it as it ends the run or replaces the judge, and to a janitor process that
+    removes it once the runner has ended, if the runner is killed before its clean-up.
+    The janitor carries the run's tag: the runner ends it with the judge's run."""
+    if not folder:
+        return
+    try:
+        pidfd = os.pidfd_open(runner)           # before the check: no pid reused after it
+    except (AttributeError, OSError):           # not Linux, or the runner already reaped
+        pidfd = -1
+    try:
+        if os.getppid() != runner:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        subprocess.Popen([sys.executable, "-c", _JANITOR, folder, str(runner), str(pidfd)],
+                         pass_fds=[pidfd] if pidfd >= 0 else [], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    except OSError:             # no janitor (no process to spare): the runner's to remove
+        pass
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
 
 
 def _load(proxy, spec_dir) -> tuple:

@@ -78,7 +78,8 @@ def start_judge(options):
     log = log_file(log_folder())
     tag = (RUN_TAG, new_tag())
     options = dataclasses.replace(options, log_dir=os.path.dirname(log.name))
-    return (*start("judge_host", [options.to_json()], log, tag), log, tag)
+    runner = str(os.getpid())           # the judge watches it from its first moment
+    return (*start("judge_host", [options.to_json(), runner], log, tag), log, tag)
 
 
 # --- logs ------------------------------------------------------------------------------
@@ -249,11 +250,12 @@ def reap_orphans(own: set[int]) -> None:
             _reap_others([pid])
 
 
-def end_with_parent(before_exit=None, every: float = 0.5) -> None:
-    """A daemon thread that ends this process once the process that started it has gone
-    (killed, say), even mid-call: the socket would tell only at the next read. Only
-    before_exit runs then (the judge ends the processes it started), no finally block."""
-    parent = os.getppid()
+def end_with_parent(before_exit=None, every: float = 0.5, parent: int | None = None) -> None:
+    """A daemon thread that ends this process once the process that started it (parent,
+    if given: its pid, known before this process could look) has gone (killed, say),
+    even mid-call: the socket would tell only at the next read. Only before_exit runs
+    then (the judge ends the processes it started), no finally block."""
+    parent = os.getppid() if parent is None else parent
 
     def watch():
         while os.getppid() == parent:
