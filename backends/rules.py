@@ -345,8 +345,9 @@ class Layout:
 # ---------------------------------------------------------------- size
 
 
+@functools.cache
 def memory_bytes() -> int:
-    """This machine's memory in bytes (0 where the system does not say)."""
+    """This machine's memory in bytes (0 where the system does not say), read once."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -357,12 +358,11 @@ def score_shape(q_shape, k_shape) -> tuple:
     """The shape of the scores of q and k: batch dims broadcast, the query heads (a
     multiple of the kv heads), Lq, Lk."""
     q_shape, k_shape = tuple(q_shape), tuple(k_shape)
-    if len(q_shape) >= 3 and len(k_shape) >= 3:
-        heads = (max(q_shape[-3], k_shape[-3]),)
-        lead = np.broadcast_shapes(q_shape[:-3], k_shape[:-3]) + heads
-    else:
-        lead = np.broadcast_shapes(q_shape[:-2], k_shape[:-2])
-    return tuple(lead) + (q_shape[-2], k_shape[-2])
+    cut = 3 if len(q_shape) >= 3 and len(k_shape) >= 3 else 2
+    lead = q_shape[:-cut] if q_shape[:-cut] == k_shape[:-cut] else \
+        np.broadcast_shapes(q_shape[:-cut], k_shape[:-cut])     # ~5 us: most calls skip it
+    heads = (max(q_shape[-3], k_shape[-3]),) if cut == 3 else ()
+    return tuple(lead) + heads + (q_shape[-2], k_shape[-2])
 
 
 def check_size(name: str, q_shape, k_shape, itemsize: int = 4, copies: int = 3,
