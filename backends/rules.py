@@ -89,15 +89,13 @@ def allowed(lq: int, lk: int, causal=None, window=None, *, offset=None):
     position = np.arange(lq)[:, None] + (causal_offset(lq, lk, causal) if offset is None
                                          else offset)
     key = np.arange(lk)
-    keep = np.ones(np.broadcast_shapes(np.shape(position), (lk,)), dtype=bool)
     left, right = window_sides(window)
-    if causal is not None:
-        keep &= key <= position
-    if left is not None:
-        keep &= key >= position - left
+    keep = [key <= position] if causal is not None else []    # each condition's own array:
+    if left is not None:                                      # no np.ones, no &= (~6 us)
+        keep.append(key >= position - left)
     if right is not None:
-        keep &= key <= position + right
-    return keep
+        keep.append(key <= position + right)
+    return and_masks(*keep) if keep else np.ones(np.broadcast_shapes(position.shape, (lk,)), bool)
 
 
 def key_range(first: int, end: int, lq: int, lk: int, causal=None, window=None) -> tuple:
@@ -345,8 +343,9 @@ class Layout:
 # ---------------------------------------------------------------- size
 
 
+@functools.cache
 def memory_bytes() -> int:
-    """This machine's memory in bytes (0 where the system does not say)."""
+    """This machine's memory in bytes (0 where the system does not say), read once."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -357,12 +356,11 @@ def score_shape(q_shape, k_shape) -> tuple:
     """The shape of the scores of q and k: batch dims broadcast, the query heads (a
     multiple of the kv heads), Lq, Lk."""
     q_shape, k_shape = tuple(q_shape), tuple(k_shape)
-    if len(q_shape) >= 3 and len(k_shape) >= 3:
-        heads = (max(q_shape[-3], k_shape[-3]),)
-        lead = np.broadcast_shapes(q_shape[:-3], k_shape[:-3]) + heads
-    else:
-        lead = np.broadcast_shapes(q_shape[:-2], k_shape[:-2])
-    return tuple(lead) + (q_shape[-2], k_shape[-2])
+    cut = 3 if len(q_shape) >= 3 and len(k_shape) >= 3 else 2
+    lead = q_shape[:-cut] if q_shape[:-cut] == k_shape[:-cut] else \
+        np.broadcast_shapes(q_shape[:-cut], k_shape[:-cut])     # ~5 us: most calls skip it
+    heads = (max(q_shape[-3], k_shape[-3]),) if cut == 3 else ()
+    return tuple(lead) + heads + (q_shape[-2], k_shape[-2])
 
 
 def check_size(name: str, q_shape, k_shape, itemsize: int = 4, copies: int = 3,

@@ -28,12 +28,12 @@ import contextlib
 import math
 import warnings
 
-import ml_dtypes
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import _torch_mha, _torch_serving, rules
+from ._torch_arrays import _mask_to_torch, _name, _to_numpy, _to_torch
 
 _TORCH_DTYPES = {
     "float64": torch.float64,
@@ -41,38 +41,6 @@ _TORCH_DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
-
-
-# ---------------------------------------------------------------- conversion
-
-
-def _dtype_name(a) -> str:
-    return np.dtype(np.asarray(a).dtype).name
-
-
-def _to_torch(a, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A fresh tensor holding a copy of NumPy array ``a`` (bfloat16 via its bits), on the
-    default device (the backend's own while an op runs: ``TorchBackend._running``)."""
-    a = np.array(a, order="C", copy=True)
-    if a.dtype == ml_dtypes.bfloat16:
-        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(a)
-    return t.to(device=torch.get_default_device(), dtype=dtype)
-
-
-def _mask_to_torch(mask) -> torch.Tensor | None:
-    if mask is None:
-        return None
-    return torch.from_numpy(np.array(mask, dtype=bool, order="C")).to(torch.get_default_device())
-
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A fresh NumPy array of the tensor's dtype (bfloat16 as ml_dtypes.bfloat16)."""
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        return np.array(t.view(torch.int16).numpy().view(ml_dtypes.bfloat16), copy=True)
-    return np.array(t.numpy(), copy=True)
 
 
 # ---------------------------------------------------------------- masks
@@ -95,10 +63,12 @@ def _is_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
 def _broadcast(q, k, v, mask, bias, gqa: bool):
     """Expand q, k, v to one common batch shape (mask and bias shapes included)."""
     cut = 3 if gqa else 2
-    extra = [m.shape[:-cut] for m in (mask, bias) if m is not None]
+    shapes = [t.shape[:-cut] for t in (q, k, v, mask, bias) if t is not None]
+    if shapes.count(shapes[0]) == len(shapes):      # nothing to expand (most calls)
+        return q, k, v
     # numpy's rule, the same as torch's: torch.broadcast_shapes imports sympy at its first
     # call (~0.45 s), which nothing else in a certification run needs
-    lead = np.broadcast_shapes(q.shape[:-cut], k.shape[:-cut], v.shape[:-cut], *extra)
+    lead = np.broadcast_shapes(*shapes)
     return tuple(t.expand(*lead, *t.shape[-cut:]) for t in (q, k, v))
 
 
@@ -295,19 +265,15 @@ class TorchBackend:
     #: the sdpa path on tensors (a subclass may adapt the layout around it)
     _attend = staticmethod(_attend)
 
-    @contextlib.contextmanager
     def _running(self):
-        """The context every op runs in: tensors are made on the backend's device."""
-        if self.device.type == "cpu":   # torch's own default: no device mode to pay for
-            yield
-        else:
-            with self.device:
-                yield
+        """The context every op runs in: tensors are made on the backend's device (the
+        CPU is torch's own default: no device mode to pay for)."""
+        return contextlib.nullcontext() if self.device.type == "cpu" else self.device
 
     # ------------------------------------------------------------ helpers
 
     def _dtype(self, a) -> torch.dtype:
-        name = _dtype_name(a)
+        name = _name(np.asarray(a).dtype)
         if name not in self.dtypes or name not in _TORCH_DTYPES:
             raise NotImplementedError(f"torch backend does not support dtype {name}")
         return _TORCH_DTYPES[name]

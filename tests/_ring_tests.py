@@ -11,7 +11,8 @@ RING_TESTS = "ATTENTION_CONFORMANCE_RING_TESTS"
 
 #: a test that takes more than a few seconds of a certification's ranks
 slow_ring = pytest.mark.skipif(not os.environ.get(RING_TESTS),
-                               reason=f"slow: tox -e torch-ring runs it ({RING_TESTS}=1)")
+                               reason=f"slow: tox -e torch-ring or jax-ring runs it "
+                                      f"({RING_TESTS}=1)")
 
 
 def children() -> set[int]:

@@ -15,6 +15,7 @@ from .context import Context
 from ..model.dtypes import output_dtype, round_to
 from ..golden import sampled
 from ..golden.store import GoldenError
+from ..model.case import memo
 from ..model.indexing import parse_index, split_target
 from ..model.ops import OPS
 from ..model.errors import CheckFailure
@@ -43,17 +44,17 @@ def declared_policy(ctx: Context) -> dict[str, str]:
 
 def accumulation(ctx: Context) -> str:
     """The backend's declared accumulation tier for this call (`input` when it declares none)."""
-    return declared_policy(ctx).get("accumulation") or "input"
+    return ctx.declared_policy().get("accumulation") or "input"
 
 
 def convention(ctx: Context):
     """(policy, choice) of the backend's declared convention that this op's golden data
     depend on, when it is not the reference's default (lse_base 2), else None."""
-    declared = declared_policy(ctx)
     for name, ops in CONVENTION_POLICIES.items():
-        choice = declared.get(name)
-        if ctx.case.op in ops and choice and choice != DEFAULT_POLICIES[name]:
-            return name, choice
+        if ctx.case.op in ops:
+            choice = ctx.declared_policy().get(name)
+            if choice and choice != DEFAULT_POLICIES[name]:
+                return name, choice
     return None
 
 
@@ -164,8 +165,10 @@ def exact_value(ctx: Context, value, shape, output=None):
 
 
 def target(ctx: Context, text: str):
-    """(output, index, selected values) of an `exact` key such as ``out[0, :]``."""
-    output, index = split_target(text, OPS[ctx.case.op].outputs[0])
+    """(output, index, selected values) of an `exact` key such as ``out[0, :]`` (parsed
+    once per case)."""
+    output, index = memo(ctx.case, ("target", text),
+                         lambda: split_target(text, OPS[ctx.case.op].outputs[0]))
     return output, index, ctx.outputs[output][index]
 
 
@@ -177,7 +180,9 @@ def check_exact(ctx: Context, exact: dict, policy=None) -> None:
         expected = exact_value(ctx, value, np.shape(actual), output)
         same = _rebased_equal(ctx, output, actual, expected)
         if same is None:
-            same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
+            same = actual == expected
+            if not np.all(same):                # NaN where NaN is expected is the same
+                same = same | (np.isnan(actual) & np.isnan(expected))
         if not np.all(same):
             bad = np.argwhere(~np.asarray(same))
             where = tuple(int(i) for i in bad[0]) if bad.size else ()
@@ -194,8 +199,10 @@ def _rebased_equal(ctx: Context, output: str, actual, expected):
     back as a natural log (x ln 2), equals the expected one (NaN and infinities exactly,
     a finite value within the rule's multiplier of unit roundoffs: the change of base
     rounds once more); None for any other output."""
+    if output != "lse":
+        return None
     chosen = convention(ctx)
-    if output != "lse" or not chosen or chosen[0] != "lse_base":
+    if not chosen or chosen[0] != "lse_base":
         return None
     natural = np.asarray(actual) * math.log(2.0)
     finite = np.isfinite(expected)
@@ -359,13 +366,15 @@ def planned_calls(ctx: Context) -> list:
     make, as (op, arrays, params): each property is run without the outputs, which it
     reads only after its calls (properties.py), so that an isolated backend computes
     them with the test's own first call."""
+    if CALLS_BACKEND.isdisjoint(memo(ctx.case, "properties", lambda: named_properties(ctx.case))):
+        return []                   # most tests: nothing to plan
     expect, outcomes = ctx.case.expect, [ctx.case.expect]
-    declared = declared_policy(ctx) if "policy" in expect else {}
+    declared = ctx.declared_policy() if "policy" in expect else {}
     for name, choices in expect.get("policy", {}).items():
         outcomes.append(choices.get(declared.get(name), {}))
     calling = [entry for outcome in outcomes for entry in map(property_entry,
                outcome.get("properties") or ()) if entry[0] in CALLS_BACKEND]
-    if not calling:                 # most tests: nothing to plan
+    if not calling:                 # not under the declared choice
         return []
     planning = _Planning(**{f: getattr(ctx, f) for f in Context.__dataclass_fields__})
     for name, args in calling:
@@ -374,6 +383,15 @@ def planned_calls(ctx: Context) -> list:
         except Exception:           # past its calls, it needs the outputs
             pass
     return planning.planned
+
+
+def named_properties(case) -> frozenset:
+    """The names of the properties of every outcome of the case (its expect's and each
+    policy choice's)."""
+    outcomes = [case.expect] + [outcome for choices in case.expect.get("policy", {}).values()
+                                for outcome in choices.values()]
+    return frozenset(property_entry(entry)[0] for outcome in outcomes
+                     for entry in outcome.get("properties") or ())
 
 
 def check_statistics(ctx: Context, statistics) -> float:

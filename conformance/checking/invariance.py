@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..golden import reference
+from ..model.case import memo
 from ..model.errors import CheckFailure, Unsupported
 from ..model.invariants import INVARIANTS
 
@@ -19,10 +20,16 @@ _PER_ELEMENT_IDS = ("q_segment_ids", "kv_segment_ids")
 def undeclared(case, declaration) -> str | None:
     """Why a case that checks invariants is unsupported before any call (one it names
     that the backend does not declare), or None."""
+    missing = [n for n in memo(case, "invariants", lambda: named_invariants(case))
+               if n not in declaration.invariants]
+    return undeclared_reason(missing[0]) if missing else None
+
+
+def named_invariants(case) -> tuple[str, ...]:
+    """The invariants among the properties of the case's expect, in its order."""
     names = [e if isinstance(e, str) else next(iter(e)) for e in
              case.expect.get("properties") or ()]
-    missing = [n for n in names if n in INVARIANTS and n not in declaration.invariants]
-    return undeclared_reason(missing[0]) if missing else None
+    return tuple(n for n in names if n in INVARIANTS)
 
 
 def undeclared_reason(name) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from .dtypes import input_dtype
 
@@ -40,11 +42,43 @@ class Case:
     def where(self) -> str:
         return f"{self.file}:{self.line}"
 
-    def input_dtypes(self, dtype: str) -> dict[str, str]:
+    def input_dtypes(self, dtype: str) -> MappingProxyType:
         """input name -> the dtype it is given in, in a test of dtype `dtype`
-        (model/dtypes.py's input_dtype: passed_as, the descales, fp8's float32 ones)."""
-        return {name: input_dtype(dtype, name, spec.get("passed_as"))
-                for name, spec in self.inputs.items()}
+        (model/dtypes.py's input_dtype: passed_as, the descales, fp8's float32 ones);
+        read-only, worked out once per case and dtype."""
+        return memo(self, ("input_dtypes", dtype), lambda: MappingProxyType(
+            {name: input_dtype(dtype, name, spec.get("passed_as"))
+             for name, spec in self.inputs.items()}))
+
+
+#: id(case) -> (a weak reference to the case, its memo): beside the case object, not in
+#: it, so that its fields, repr and __dict__ stay its data alone; an entry goes with its
+#: case. Nothing of it reaches the spec cache, which keeps the YAML's data and rebuilds
+#: every case from them in each run: a case edited between runs is a new object.
+_MEMOS: dict[int, tuple] = {}
+
+
+def memo(case: Case, key, make):
+    """make() once per case object and key: a value of the case's data alone (a loaded
+    case is never changed), which each of its tests asks for."""
+    entry = _MEMOS.get(id(case))
+    if entry is None or entry[0]() is not case:
+        try:
+            entry = (weakref.ref(case, _forget(id(case))), {})
+        except TypeError:           # a stand-in that takes no weak reference: no memo
+            return make()
+        _MEMOS[id(case)] = entry
+    values = entry[1]
+    if key not in values:
+        values[key] = make()
+    return values[key]
+
+
+def _forget(case_id):
+    def forget(reference):
+        if _MEMOS.get(case_id, (None,))[0] is reference:
+            del _MEMOS[case_id]
+    return forget
 
 
 #: the profiles a case may belong to: quick (the default run, golden data frozen), long

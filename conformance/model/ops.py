@@ -41,6 +41,8 @@ class Op:
     def outputs_for(self, inputs) -> tuple[str, ...]:
         """The outputs of a call with these input names: `outputs`, then each optional
         output whose input is given (sdpa_vjp with `sink` also returns `d_sink`)."""
+        if not self.optional_outputs:
+            return self.outputs
         return self.outputs + tuple(out for out, given in self.optional_outputs
                                     if given in inputs)
 

@@ -6,12 +6,32 @@ every backend output.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
+
+
+def broadcast(*shapes) -> tuple[int, ...]:
+    """np.broadcast_shapes of shapes given as sequences of ints, without making an array
+    of each (its cost, several us: the runner checks the shapes of every output);
+    ValueError when they do not broadcast or a dim is negative."""
+    ndim = max(map(len, shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for axis, size in enumerate(shape, ndim - len(shape)):
+            size = operator.index(size)
+            if size < 0:
+                raise ValueError(f"negative dimension {size}")
+            if size != 1 and out[axis] != size:
+                if out[axis] != 1:
+                    raise ValueError(f"dimension {size} against {out[axis]}")
+                out[axis] = size
+    return tuple(out)
 
 
 def _bcast(*shapes, what):
     try:
-        return np.broadcast_shapes(*shapes)
+        return broadcast(*shapes)
     except ValueError:
         raise ValueError(f"{what}: shapes {' and '.join(map(str, shapes))} do not broadcast") from None
 
@@ -95,9 +115,9 @@ def descales(s, batch: int, kv_heads: int):
 def lengths(score, params, s):
     """q_lengths / kv_lengths: one int per element of dim 0 of the scores, each within
     0..Lq (0..Lk); q, k and v then have that batch dim (the scores' rank and dim 0)."""
-    given = [n for n in ("q_lengths", "kv_lengths") if params.get(n) is not None]
-    if not given:
+    if params.get("q_lengths") is None and params.get("kv_lengths") is None:
         return
+    given = [n for n in ("q_lengths", "kv_lengths") if params.get(n) is not None]
     if len(score) < 3:
         raise ValueError(f"{given[0]} needs a batch dim: the scores {score} have none")
     for name in ("q", "k", "v"):
@@ -120,7 +140,7 @@ def lengths(score, params, s):
 def segments(score, params):
     """q_segment_ids / kv_segment_ids, given together: Lq (Lk) ints shared by the batch, or
     one such list per element of dim 0 of the scores."""
-    given = [params.get(n) is not None for n in ("q_segment_ids", "kv_segment_ids")]
+    given = params.get("q_segment_ids") is not None, params.get("kv_segment_ids") is not None
     if not any(given):
         return
     if not all(given):
@@ -139,7 +159,7 @@ def blocks(score, params):
     """block_mask with block_size = [Bq, Bk], given together: a 0/1 array whose last two
     axes are (ceil(Lq / Bq), ceil(Lk / Bk)) and whose leading axes broadcast to the
     scores' (at most their rank)."""
-    given = [params.get(n) is not None for n in ("block_mask", "block_size")]
+    given = params.get("block_mask") is not None, params.get("block_size") is not None
     if not any(given):
         return
     if not all(given):

@@ -7,4 +7,7 @@ from __future__ import annotations
 def printable(text) -> str:
     """str(text) with every control character (an ANSI escape, a carriage return, a bell)
     shown as its escape, so that nothing a backend or a spec says can drive a terminal."""
-    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in str(text))
+    text = str(text)
+    if text.isprintable():          # most texts (every "" of a pass): nothing to escape
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)

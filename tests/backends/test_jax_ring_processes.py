@@ -3,17 +3,23 @@ forked from this process, each one process of a JAX cluster on the CPU (a coordi
 the loopback, gloo collectives), run jax-ring's program across processes. A rank killed
 while its peer waits on it in the ring is one crash, a rank that raises fails the call,
 and neither leaves a process behind; the next call gets a fresh cluster. (tox -e
-jax-ring certifies the backend on every sharded case; these run there, in a process
-where no JAX backend has started: initialize must come first in each rank.)"""
+jax-ring certifies the backend on four sharded cases; the killed rank runs there, in a
+process where no JAX backend has started: initialize must come first in each rank.)
 
+The quick certification below runs wherever jax is installed, the suite's own run
+included: without it, the backend's every rank once raised on every case unseen."""
+
+import json
 import os
 import signal
 
 import numpy as np
 import pytest
 
-pytest.importorskip("jax")
+pytest.importorskip("jax", reason="jax is not installed (pip install -e '.[jax]'; "
+                                  "tox -e jax-ring runs these)")
 
+from _cli_support import cli  # noqa: E402
 from _ring_tests import children, slow_ring  # noqa: E402
 from attention_conformance.backend.distributed import RankCrashed  # noqa: E402
 from attention_conformance.backend.in_process import InProcess  # noqa: E402
@@ -65,3 +71,26 @@ def test_a_killed_rank_is_one_crash_and_the_next_call_gets_a_fresh_cluster():
     adapter.fault = None
     _call(backend, 2)                     # a fresh cluster, its own coordinator
     assert children() <= before
+
+
+#: two sharded cases that take each path across processes: W = 4 forward, and W = 2
+#: gradients with document ids travelling and a block mask (~10 CPU s: each rank of each
+#: case compiles its program)
+CERTIFIED = ("cp-zigzag-causal-top-left-w4", "cp-block-mask-documents-vjp-zigzag-w2")
+
+
+def test_it_certifies_sharded_cases_across_processes(tmp_path):
+    """`attention-conformance certify jax-ring-processes` on CERTIFIED in float64, as tox
+    -e jax-ring's second command certifies four: every test passes."""
+    args = ("certify", "jax-ring-processes", "--dtype", "float64",
+            "-k", " or ".join(CERTIFIED), "--report", tmp_path / "reports")
+    done = cli(*args, cwd=tmp_path, timeout=300)
+    out = f"attention-conformance {' '.join(map(str, args))}:\n{(done.stdout + done.stderr)[-3000:]}"
+    report = tmp_path / "reports" / "jax-ring-processes.json"
+    assert report.exists(), out
+    results = json.loads(report.read_text())["results"]
+    statuses = {(r["case"], r["variant"], r["dtype"]): (r["status"], r["message"][:300])
+                for r in results}
+    assert {case for case, _, _ in statuses} == set(CERTIFIED), out
+    assert {status for status, _ in statuses.values()} == {"pass"}, statuses
+    assert done.returncode == 0, out

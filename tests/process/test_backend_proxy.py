@@ -32,7 +32,11 @@ def isolated(reference, *, timeout=60.0, ahead=1, restart_every=0, restart_above
                            case_timeout=timeout, restart_every=restart_every,
                            restart_above_mib=restart_above_mib)
     proxy = BackendProxy(options, ahead=ahead, restart_above_maps=restart_above_maps)
-    proxy.wait_loaded()
+    try:
+        proxy.wait_loaded()
+    except BaseException:
+        proxy.close()           # its process ended and its log (in TMPDIR: no judge's folder) gone
+        raise
     return proxy
 
 

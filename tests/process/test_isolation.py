@@ -7,7 +7,8 @@ examples, in a fresh pytest process: the sdpa tests, where the adapter misbehave
 in the statuses given, with the text given, and the attention_weights tests after them
 still run and pass. After every row, no process the run started is alive (each process
 of the run inherits the test's own tag in its environment, whatever it did to escape)
-and the run's temporary folders are gone.
+and the run's temporary folders are gone; so after each row of ENDINGS, a way a run ends
+with no clean-up of its runner's.
 """
 
 from __future__ import annotations
@@ -119,10 +120,21 @@ def alive_with(tag: str) -> list[int]:
     return found
 
 
-def assert_nothing_left(tmp_path, tag):
-    """Nothing of the run alive, and its temporary folders gone."""
-    assert alive_with(tag) == [], "processes of the run outlived it"
-    assert not list((tmp_path / "tmp").glob("attention-conformance-*"))
+def assert_nothing_left(tmp_path, tag, how=""):
+    """Nothing of the run alive, and its temporary folders gone (how: the way the run
+    ended, for the message)."""
+    alive = {pid: _command(pid) for pid in alive_with(tag)}
+    assert alive == {}, f"processes of the run outlived it ({how or 'its end'}): {alive}"
+    left = sorted(p.name for p in (tmp_path / "tmp").glob("attention-conformance-*"))
+    assert left == [], f"the run's temporary folders outlived it ({how or 'its end'}): {left}"
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
 
 
 @pytest.mark.parametrize("adapter", FAULTS)
@@ -215,11 +227,12 @@ def test_in_process_mode_still_runs(tmp_path, worked_examples_spec):
 
 def _run_until(tmp_path, cases, adapter, marker_name, *options):
     """A certification started in the background, once `marker_name` exists in the run's
-    markers folder (the adapter made it: the moment to signal the run)."""
+    markers folder (the adapter made it: the moment to signal the run), or, marker_name
+    None, once the runner's judge runs (the judge's own code not yet started, most often)."""
     tag = uuid.uuid4().hex
     for folder in ("tmp", "markers"):
         (tmp_path / folder).mkdir(exist_ok=True)
-    marker = tmp_path / "markers" / marker_name
+    marker = tmp_path / "markers" / (marker_name or "unused")
     proc = subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-m", "pytest", str(cases), "--spec-dir",
          str(cases), "-p", "attention_conformance.plugin", "-p", "no:cacheprovider", "-q",
@@ -232,10 +245,25 @@ def _run_until(tmp_path, cases, adapter, marker_name, *options):
         # a background job so), which the run would inherit: no KeyboardInterrupt then
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
-    while not marker.exists():
+    while not (marker.exists() if marker_name else _judge_of(proc.pid)):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.05)
+        time.sleep(0.05 if marker_name else 0.001)
     return proc, tag
+
+
+def _judge_of(runner: int) -> bool:
+    """Does the runner's judge process run (python -m ...judge_host, exec'd)?"""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if int(f.read().rsplit(b")", 1)[1].split()[1]) != runner:
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"attention_conformance.process.judge_host" in f.read():
+                    return True
+        except (OSError, ValueError, IndexError):
+            pass
+    return False
 
 
 def _ended(proc, within: float) -> str:
@@ -267,17 +295,65 @@ def test_an_interrupted_run_writes_its_report_with_the_tests_that_never_ran(
     assert_nothing_left(tmp_path, tag)
 
 
-def test_a_run_killed_outright_leaves_nothing_behind(tmp_path, worked_examples_spec):
-    """SIGKILL of the run's own process, which no handler sees: its judge finds it gone
-    within a second, ends every process of the run and removes the run's folder."""
-    proc, tag = _run_until(tmp_path, worked_examples_spec, "hangs.py:Hangs", "inside-sdpa")
+def _signal(pids, sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _runner_killed(proc, tag) -> None:
     proc.kill()
+
+
+def _all_at_once(proc, tag) -> None:
+    _signal([p for p in alive_with(tag) if p != proc.pid], signal.SIGTERM)
+    proc.kill()
+
+
+def _judge_first(proc, tag) -> None:
+    proc.send_signal(signal.SIGSTOP)        # a runner not yet at its clean-up
+    rest = [p for p in alive_with(tag) if p != proc.pid]
+    _signal(rest, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and set(rest) & set(alive_with(tag)):
+        time.sleep(0.05)
+    proc.kill()
+
+
+#: ways a run ends with no clean-up of its runner's (`timeout -s KILL`, a cancelled CI
+#: job, a container's stop, the OOM killer): (the moment: the adapter's marker, or None
+#: as the judge starts; what is signalled then). After each, within 10 s, no process of
+#: the run is alive and no temporary folder of it is left.
+ENDINGS = {
+    # the judge finds its runner gone within half a second, and ends the run
+    "runner SIGKILL mid-test": ("inside-sdpa", _runner_killed),
+    # ... before the judge had started to watch it (the judge knows its runner's pid)
+    "runner SIGKILL as its judge starts": (None, _runner_killed),
+    # SIGTERM to the judge and the backend's process, SIGKILL to the runner: the judge
+    # ends at once, before it could find its runner gone
+    "judge and backend SIGTERM, runner SIGKILL": ("inside-sdpa", _all_at_once),
+    # the judge ends (SIGTERM) while its runner lives, and the runner is killed before its
+    # clean-up: the judge left a janitor that removes its folder once the runner has gone
+    "judge SIGTERM, runner SIGKILL after it": ("inside-sdpa", _judge_first),
+}
+
+
+@pytest.mark.parametrize("how", ENDINGS)
+def test_a_run_killed_outright_leaves_nothing_behind(tmp_path, worked_examples_spec, how):
+    """A run whose runner is killed outright (SIGKILL: no handler of its runs), with or
+    without its judge's ending by SIGTERM before or with it (ENDINGS): nothing of the run
+    is left alive and its temporary folders are gone."""
+    marker, end = ENDINGS[how]
+    proc, tag = _run_until(tmp_path, worked_examples_spec, "hangs.py:Hangs", marker)
+    end(proc, tag)
     proc.communicate()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (
             alive_with(tag) or list((tmp_path / "tmp").glob("attention-conformance-*"))):
         time.sleep(0.1)
-    assert_nothing_left(tmp_path, tag)
+    assert_nothing_left(tmp_path, tag, how)
 
 
 #: pytest (argv[2:]), with a plugin that creates the file argv[1] once the run has

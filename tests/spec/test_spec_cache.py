@@ -11,6 +11,7 @@ commands the README says read it do, and `validate` does not.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import secrets
 import shutil
@@ -21,7 +22,8 @@ import pytest
 from _cli_support import cli as cli_process
 from attention_conformance import api, cli
 from attention_conformance.golden.inputs import build_inputs
-from attention_conformance.model.case import Case
+from attention_conformance.model import case as case_model
+from attention_conformance.model.case import Case, memo
 from attention_conformance.model.folder import default_folder
 from attention_conformance.specs import cache as spec_cache, loader as spec_loader
 from attention_conformance.specs.loader import load_spec
@@ -80,6 +82,41 @@ def test_an_edited_file_is_validated_again(cache, tmp_path):
     cases_dir(tmp_path, GOOD.replace("seed: 3}", "seed: 3}, colour: red"))
     [error] = load_spec(folder, cache=True).errors
     assert "colour" in error.message
+
+
+def test_an_edited_case_works_out_its_input_dtypes_again(cache, tmp_path):
+    """What the checks work out once per case (model/case.py memo) is the case object's
+    own: the cache stores none of it, and a case read again (from the cache or from its
+    edited file) is a new object, which works it out anew."""
+    folder = cases_dir(tmp_path, GOOD)
+    first = load_spec(folder, cache=True).cases[0]
+    assert dict(first.input_dtypes("float32")) == {"x": "float32"}
+    stored = [p.read_bytes() for p in cache.glob("*.json")]
+    assert b"input_dtypes" not in b"".join(stored)
+    warm = load_spec(folder, cache=True).cases[0]
+    assert warm is not first and memo(warm, "probe", lambda: "warm") == "warm"
+    assert memo(first, "probe", lambda: "first") == "first"
+    cases_dir(tmp_path, GOOD.replace("seed: 3}", "seed: 3}, passed_as: float64"))
+    edited = load_spec(folder, cache=True).cases[0]
+    assert dict(edited.input_dtypes("float32")) == {"x": "float64"}
+    assert memo(edited, "probe", lambda: "edited") == "edited"
+
+
+def test_a_case_memo_is_its_objects_alone_read_only_and_goes_with_it(spec_cases):
+    case = next(c for c in load_spec(spec_cases).cases if len(c.inputs) > 1)
+    dtypes = case.input_dtypes("float16")
+    assert case.input_dtypes("float16") is dtypes
+    with pytest.raises(TypeError):
+        dtypes["q"] = "float64"                 # read-only: no caller changes another's
+    name = next(iter(case.inputs))
+    other = type(case)(**{**case.__dict__, "inputs": {name: {**case.inputs[name],
+                                                             "passed_as": "float64"}}})
+    assert dict(other.input_dtypes("float16")) == {name: "float64"}
+    assert case.input_dtypes("float16") is dtypes and len(dtypes) == len(case.inputs)
+    memos = len(case_model._MEMOS)
+    del other
+    gc.collect()
+    assert len(case_model._MEMOS) == memos - 1
 
 
 def _forge(entry: dict) -> dict:
