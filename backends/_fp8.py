@@ -45,8 +45,10 @@ def scaled_output(out, o_scale, fmt: str):
 
 def _format(*arrays) -> str | None:
     """The fp8 format of the first of the arrays stored in one (k's, v's, then q's)."""
-    dtype = next((d for d in (np.asarray(x).dtype for x in arrays) if _is_fp8(d)), None)
-    return None if dtype is None else dtype.name
+    for x in arrays:
+        if _is_fp8(dtype := np.asarray(x).dtype):
+            return dtype.name
+    return None
 
 
 def descaled(*convert, quantize=scaled_output):
@@ -59,7 +61,7 @@ def descaled(*convert, quantize=scaled_output):
         def wrapper(self, q, k, v, *arrays, q_descale=None, k_descale=None, v_descale=None,
                     o_scale=None, **params):
             scales, fmt = (q_descale, k_descale, v_descale), _format(k, v, q)
-            if fmt or any(d is not None for d in scales):
+            if fmt or q_descale is not None or k_descale is not None or v_descale is not None:
                 q, k, v = (dequantize(x, d, *convert) for x, d in zip((q, k, v), scales))
             out = method(self, q, k, v, *arrays, **params)
             if o_scale is None:

@@ -30,6 +30,7 @@ column (a key of value 0) in the softmax; its gradient is ``-sum_i p_sink,i D_i`
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -58,9 +59,14 @@ _COMPUTE = {"float64": np.float64, "float32": np.float32,
 def _dtypes(x):
     """(input dtype, compute dtype) of a floating input; unsupported dtypes raise."""
     dt = np.dtype(x.dtype)
+    return dt, _compute_dtype(dt)
+
+
+@functools.lru_cache(maxsize=64)
+def _compute_dtype(dt):                 # once per dtype (dtype.name is slow)
     if dt.name not in _COMPUTE:
         raise NotImplementedError(f"numpy backend: dtype {dt.name} is not supported")
-    return dt, np.dtype(_COMPUTE[dt.name])
+    return np.dtype(_COMPUTE[dt.name])
 
 
 def _cast(x, ct):

@@ -89,15 +89,13 @@ def allowed(lq: int, lk: int, causal=None, window=None, *, offset=None):
     position = np.arange(lq)[:, None] + (causal_offset(lq, lk, causal) if offset is None
                                          else offset)
     key = np.arange(lk)
-    keep = np.ones(np.broadcast_shapes(np.shape(position), (lk,)), dtype=bool)
     left, right = window_sides(window)
-    if causal is not None:
-        keep &= key <= position
-    if left is not None:
-        keep &= key >= position - left
+    keep = [key <= position] if causal is not None else []    # each condition's own array:
+    if left is not None:                                      # no np.ones, no &= (~6 us)
+        keep.append(key >= position - left)
     if right is not None:
-        keep &= key <= position + right
-    return keep
+        keep.append(key <= position + right)
+    return and_masks(*keep) if keep else np.ones(np.broadcast_shapes(position.shape, (lk,)), bool)
 
 
 def key_range(first: int, end: int, lq: int, lk: int, causal=None, window=None) -> tuple:

@@ -12,9 +12,7 @@ a backend process leaves behind is re-parented to the judge, not to init.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -35,10 +33,17 @@ RUN_TAG = "ATTENTION_CONFORMANCE_RUN"
 BACKEND_TAG = "ATTENTION_CONFORMANCE_BACKEND"
 #: names the judge's folder to a backend's process, which reads large arrays there (spill.py)
 SPILL_ENV = "ATTENTION_CONFORMANCE_SPILL"
+#: the longest end_tree() waits for the processes it killed before it looks again for
+#: any they started meanwhile
+ROUND_SECONDS = 0.01
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_PROC_READ = 1 << 16
 
 
 def new_tag() -> str:
-    return secrets.token_hex(8)
+    """A fresh random tag (secrets.token_hex's bytes: os.urandom; `secrets` itself, with
+    the hashlib and random it imports, would delay the judge's start of its backend)."""
+    return os.urandom(8).hex()
 
 
 def start(module: str, arguments: list, log, tag: tuple[str, str], env=None):
@@ -64,7 +69,7 @@ def start(module: str, arguments: list, log, tag: tuple[str, str], env=None):
 def start_backend(options):
     """(process, socket, log, tag) of a fresh backend process (backend_host.py), its log
     in the judge's folder, which it reads large arrays from (spill.py). options:
-    protocol.JudgeOptions."""
+    protocol.JudgeOptions, or its reference, device and log_dir alone."""
     log = log_file(options.log_dir or None)
     tag = (BACKEND_TAG, new_tag())
     arguments = [options.reference] + ([options.device] if options.device else [])
@@ -77,6 +82,7 @@ def start_judge(options):
     folder of its own, with a fresh run tag. options: protocol.JudgeOptions."""
     log = log_file(log_folder())
     tag = (RUN_TAG, new_tag())
+    import dataclasses          # of a runner, which has imported it already
     options = dataclasses.replace(options, log_dir=os.path.dirname(log.name))
     runner = str(os.getpid())           # the judge watches it from its first moment
     return (*start("judge_host", [options.to_json(), runner], log, tag), log, tag)
@@ -140,34 +146,51 @@ def ending(code: int | None) -> str:
 
 def state(pid: int) -> str:
     """The kernel's one-letter state of a process (T: stopped; '' where unknown)."""
+    fields = _stat(pid)
+    return fields[0] if fields else ""
+
+
+def _read(path: str, whole: bool = True) -> bytes:
+    """The bytes of a file of /proc, by os.read (a file object costs seven system calls
+    a file, this three or four: ending a run reads two files of every process); whole=
+    False: one read (a stat line, far shorter than the buffer)."""
+    descriptor = os.open(path, os.O_RDONLY | _CLOEXEC)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return ""
+        chunks = [os.read(descriptor, _PROC_READ)]
+        while whole and chunks[-1]:
+            chunks.append(os.read(descriptor, _PROC_READ))
+        return b"".join(chunks)
+    finally:
+        os.close(descriptor)
 
 
-def _processes() -> dict[int, int]:
-    """pid -> parent pid of every process (Linux; {} elsewhere)."""
-    parents = {}
+def _stat(pid) -> tuple[str, int] | None:
+    """(state letter, parent pid) of a process, from /proc (None: gone, or no /proc)."""
+    try:
+        fields = _read(f"/proc/{pid}/stat", whole=False).rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _processes() -> dict[int, tuple[str, int]]:
+    """pid -> (state letter, parent pid) of every process (Linux; {} elsewhere)."""
+    found = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    return parents
+            fields = _stat(entry)
+            if fields is not None:
+                found[int(entry)] = fields
+    return found
 
 
-def _tagged(parents, tag: tuple[str, str]) -> set[int]:
+def _tagged(processes, tag: tuple[str, str]) -> set[int]:
     marker = f"{tag[0]}={tag[1]}".encode()
     found = set()
-    for pid in parents:
+    for pid in processes:
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    found.add(pid)
+            if marker in _read(f"/proc/{pid}/environ").split(b"\0"):
+                found.add(pid)
         except OSError:
             pass
     return found
@@ -175,13 +198,18 @@ def _tagged(parents, tag: tuple[str, str]) -> set[int]:
 
 def tree(pid: int | None, tag: tuple[str, str] | None) -> set[int]:
     """pid, every process below it, and every process carrying tag (alive or a zombie)."""
-    parents = _processes()
-    found = {pid} if pid is not None and (pid in parents or not parents) else set()
+    return set(_tree(pid, tag))
+
+
+def _tree(pid: int | None, tag: tuple[str, str] | None) -> dict[int, str]:
+    """tree(), each process with its state letter ('' where unknown: no /proc)."""
+    processes = _processes()
+    found = {pid} if pid is not None and (pid in processes or not processes) else set()
     children: dict[int, list[int]] = {}
-    for child, parent in parents.items():
+    for child, (_, parent) in processes.items():
         children.setdefault(parent, []).append(child)
     if tag is not None:
-        found |= _tagged(parents, tag)
+        found |= _tagged(processes, tag)
     todo = list(found)
     while todo:
         for child in children.get(todo.pop(), ()):
@@ -189,14 +217,15 @@ def tree(pid: int | None, tag: tuple[str, str] | None) -> set[int]:
                 found.add(child)
                 todo.append(child)
     found.discard(os.getpid())
-    return found
+    return {p: processes[p][0] if p in processes else "" for p in found}
 
 
 def end_tree(proc: subprocess.Popen | None, tag: tuple[str, str] | None) -> None:
     """SIGKILL a process (reaped), everything below it and everything carrying tag, and
     return once none of them is alive (5 s at most: a process in an uninterruptible
     wait dies when it leaves it). Each round stops what it finds before killing it
-    (nothing stopped can fork); the rest of this process's children are reaped."""
+    (nothing stopped can fork), waits ROUND_SECONDS at most for them to end, and looks
+    again; the rest of this process's children are reaped."""
     if proc is not None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)     # its group at once: the common case
@@ -204,8 +233,8 @@ def end_tree(proc: subprocess.Popen | None, tag: tuple[str, str] | None) -> None
             pass
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        pids = {p for p in tree(proc.pid if proc is not None else None, tag)
-                if state(p) not in ("Z", "")}
+        pids = {p for p, letter in _tree(proc.pid if proc is not None else None, tag).items()
+                if letter not in ("Z", "")}
         if not pids:
             break
         for sig in (signal.SIGSTOP, signal.SIGKILL):
@@ -214,10 +243,17 @@ def end_tree(proc: subprocess.Popen | None, tag: tuple[str, str] | None) -> None
                     os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
+        _wait_ended(pids, min(deadline, time.monotonic() + ROUND_SECONDS))
         _reap_others(pids - ({proc.pid} if proc is not None else set()))
-        time.sleep(0.01)
     if proc is not None:
         proc.wait()
+
+
+def _wait_ended(pids, deadline: float) -> None:
+    """Until the deadline at most, wait for processes killed to be zombies or gone (a
+    process of 100 MB takes a millisecond or two to end)."""
+    while any(state(pid) not in ("Z", "") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.0005)
 
 
 def _reap_others(pids) -> None:
@@ -245,8 +281,8 @@ def become_subreaper() -> bool:
 def reap_orphans(own: set[int]) -> None:
     """Reap this subreaper's children that are not `own` (Popen's): adopted orphans
     that have ended, so that none stays a zombie."""
-    for pid, parent in _processes().items():
-        if parent == os.getpid() and pid not in own and state(pid) == "Z":
+    for pid, (letter, parent) in _processes().items():
+        if parent == os.getpid() and pid not in own and letter == "Z":
             _reap_others([pid])
 
 

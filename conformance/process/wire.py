@@ -178,6 +178,7 @@ class Channel:
         self._spill_to = SpillFolder(spill_to) if spill_to else None
         self._spill_from = SpillFolder(spill_from) if spill_from else None
         self._in = bytearray()
+        self._readable = False      # ready() saw bytes (or the end) that are not read yet
         self._poll = None
         if hasattr(select, "poll"):
             self._poll = select.poll()
@@ -215,10 +216,13 @@ class Channel:
         """Is a message (or the end) there to read within timeout seconds (None: wait)?"""
         if self._whole() is not None:
             return True
-        if self._poll is None:                      # Windows
-            return bool(select.select([self.sock], [], [], timeout)[0])
-        wait = None if timeout is None else max(0, math.ceil(timeout * 1000))
-        return bool(self._poll.poll(wait))
+        if not self._readable:
+            if self._poll is None:                      # Windows
+                self._readable = bool(select.select([self.sock], [], [], timeout)[0])
+            else:
+                wait = None if timeout is None else max(0, math.ceil(timeout * 1000))
+                self._readable = bool(self._poll.poll(wait))
+        return self._readable
 
     def receive(self, deadline: float | None = None):
         """The next message; EOFError if the other side is gone, WireTimeout at the
@@ -247,8 +251,11 @@ class Channel:
         return end if len(self._in) >= end else None
 
     def _fill(self, deadline: float | None) -> None:
+        """Read what the socket holds, waiting for it until the deadline: not again when
+        ready() has seen it already (the judge asks before every answer it takes)."""
         if not self.ready(None if deadline is None else deadline - time.monotonic()):
             raise WireTimeout("no message by the deadline")
+        self._readable = False
         chunk = self.sock.recv(max(_CHUNK, self._missing()))
         if not chunk:
             raise EOFError("the other process closed its end")
