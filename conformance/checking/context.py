@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backend.interface import policy_for
+from ..golden.compute import longest_reduction
 from ..model.dtypes import input_dtype, numpy_dtype
 from ..model.tolerances import Tolerances
 
@@ -25,6 +26,7 @@ class Context:
     golden: object          # a GoldenStore
     tolerances: Tolerances
     _policy: dict | None = field(default=None, repr=False, compare=False)
+    _reduction: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def params(self):
@@ -44,6 +46,13 @@ class Context:
                 if declaration.policy_when else None        # no rule reads them
             self._policy = policy_for(declaration, self.case.op, shapes, self.params)
         return self._policy
+
+    def longest_reduction(self) -> int:
+        """golden/compute.py's longest_reduction of the inputs, worked out once per test:
+        every property tolerance reads it."""
+        if self._reduction is None:
+            self._reduction = longest_reduction(self.exact_inputs)
+        return self._reduction
 
     def call(self, arrays=None, op=None, **params):
         """Call the backend again (metamorphic properties), returning float64 outputs."""

@@ -156,12 +156,19 @@ def check_golden(ctx: Context, policy=None) -> float:
 
 def exact_value(ctx: Context, value, shape, output=None):
     """The expected exact value of a spec 'exact' entry, rounded to the dtype of its
-    output (model/dtypes.py output_dtype)."""
+    output (model/dtypes.py output_dtype), once per case, dtype and value."""
     if isinstance(value, dict):
         source = ctx.exact_inputs[value["input"]][parse_index(value.get("at", "[...]"))]
         return np.broadcast_to(source, shape)
     dtype = output_dtype(ctx.dtype, output, ctx.params)
-    return np.broadcast_to(round_to(np.array(value, dtype=np.float64), dtype), shape)
+    return np.broadcast_to(memo(ctx.case, ("exact", dtype, repr(value)),
+                                lambda: _read_only(round_to(np.array(value, np.float64), dtype))),
+                           shape)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
 
 
 def target(ctx: Context, text: str):
@@ -181,8 +188,9 @@ def check_exact(ctx: Context, exact: dict, policy=None) -> None:
         same = _rebased_equal(ctx, output, actual, expected)
         if same is None:
             same = actual == expected
-            if not np.all(same):                # NaN where NaN is expected is the same
-                same = same | (np.isnan(actual) & np.isnan(expected))
+            if np.all(same):
+                continue
+            same = same | (np.isnan(actual) & np.isnan(expected))   # NaN where NaN is expected
         if not np.all(same):
             bad = np.argwhere(~np.asarray(same))
             where = tuple(int(i) for i in bad[0]) if bad.size else ()

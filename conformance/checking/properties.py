@@ -15,8 +15,10 @@ import numpy as np
 
 from ..backend.interface import policy_for
 from ..golden import reference
-from ..golden.compute import ACCUMULATION_DTYPES, longest_reduction
-from ..golden.inputs import _seeded         # RandomState(seed)'s draws, a fiftieth of its cost
+from ..golden.compute import ACCUMULATION_DTYPES
+# RandomState(seed)'s draws at a fiftieth of its cost: one generator, reseeded. A property
+# draws before its calls, which may make the next tests' inputs (process/ahead.py) with it
+from ..golden.inputs import _seeded
 from . import invariance
 from .comparison import digits
 from .context import Context
@@ -52,7 +54,7 @@ def _tol(ctx, magnitude=1.0):
     reduction, the sums in float32 for a half-precision backend of the float32 tier."""
     wide = ctx.dtype in ACCUMULATION_DTYPES and \
         ctx.declared_policy().get("accumulation") == "float32"
-    return ctx.tolerances.prop(ctx.dtype, magnitude, longest_reduction(ctx.exact_inputs),
+    return ctx.tolerances.prop(ctx.dtype, magnitude, ctx.longest_reduction(),
                                "float32" if wide else None)
 
 
