@@ -14,10 +14,10 @@ import numpy as np
 def worst_error(actual: np.ndarray, expected: np.ndarray):
     """(largest abs error, its index, pattern) over finite positions; a differing NaN or
     inf pattern gives inf and names itself in `pattern`."""
-    if actual.size and np.isfinite(actual).all() and np.isfinite(expected).all():
+    if actual.size and _all_finite(actual) and _all_finite(expected):
         diff = np.abs(actual - expected)
-        index = np.unravel_index(int(np.argmax(diff)), diff.shape)
-        return float(diff[index]), tuple(int(i) for i in index), ""
+        index = _unravel(int(diff.argmax()), diff.shape)
+        return float(diff[index]), index, ""
     nan_a, nan_e = np.isnan(actual), np.isnan(expected)
     if not np.array_equal(nan_a, nan_e):
         where = np.argwhere(nan_a != nan_e)[0]
@@ -31,8 +31,22 @@ def worst_error(actual: np.ndarray, expected: np.ndarray):
         diff = np.where(np.isfinite(expected), np.abs(actual - expected), 0.0)
     if diff.size == 0:
         return 0.0, (), ""
-    index = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    return float(diff[index]), tuple(int(i) for i in index), ""
+    index = _unravel(int(diff.argmax()), diff.shape)
+    return float(diff[index]), index, ""
+
+
+def _all_finite(array: np.ndarray) -> bool:
+    """np.isfinite(array).all(), without the Python layer of ndarray.all."""
+    return np.count_nonzero(np.isfinite(array)) == array.size
+
+
+def _unravel(flat: int, shape: tuple) -> tuple:
+    """np.unravel_index(flat, shape) as a tuple of ints, without its NumPy scalars."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
 
 
 def digits(dtype: str) -> int:
