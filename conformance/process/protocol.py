@@ -32,24 +32,23 @@ def message(kind: str):
         cls = dataclass(frozen=True)(cls)
         cls.KIND = kind
         cls.FIELDS = tuple(f.name for f in fields(cls))     # read for every message sent
+        cls.FIELD_SET = frozenset(cls.FIELDS)               # and received
         KINDS[kind] = cls
         return cls
     return register
 
 
-def encode(msg) -> dict:
-    return {"kind": msg.KIND, "fields": {name: getattr(msg, name) for name in msg.FIELDS}}
+def fields_of(msg) -> dict:
+    """A message's fields by name (wire.py sends them with its KIND)."""
+    return {name: getattr(msg, name) for name in msg.FIELDS}
 
 
-def decode(data) -> object:
-    """The message a decoded frame holds (ProtocolError if it is none)."""
-    if not isinstance(data, dict) or set(data) != {"kind", "fields"}:
-        raise ProtocolError(f"not a message: {str(data)[:200]}")
-    cls = KINDS.get(data["kind"]) if isinstance(data["kind"], str) else None
-    values = data["fields"]
-    if cls is None or not isinstance(values, dict) \
-            or values.keys() != set(cls.FIELDS):
-        raise ProtocolError(f"not a message of this protocol: {str(data)[:200]}")
+def decode(kind, values) -> object:
+    """The message of this kind with these fields (ProtocolError if it is none)."""
+    cls = KINDS.get(kind) if type(kind) is str else None
+    if cls is None or type(values) is not dict or values.keys() != cls.FIELD_SET:
+        raise ProtocolError(f"not a message of this protocol: "
+                            f"{str({'kind': kind, 'fields': values})[:200]}")
     return cls(**values)
 
 

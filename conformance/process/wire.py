@@ -1,5 +1,6 @@
 """The bytes between two processes of a run: each message (protocol.py) is one frame, a
-magic number, its length, a JSON header and every array as a raw buffer beside it.
+magic number, its length, a JSON header (its kind, its fields, the spans of its arrays)
+and every array as a raw buffer beside it.
 Nothing is unpickled, so a message from an adapter's process carries data and nothing
 else; an array arrives as a base ndarray of a known dtype.
 
@@ -34,7 +35,7 @@ WIRE_DTYPES = {**NUMPY_DTYPES, "bool": np.dtype(bool), "int64": np.dtype(np.int6
 _NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
 #: a message is a tree of plain values made here: nothing to check for cycles
 _JSON = json.JSONEncoder(allow_nan=True, check_circular=False, separators=(",", ":"))
-MAGIC = b"ACW1"
+MAGIC = b"ACW2"
 _HEAD = struct.Struct("<4sQI")          # magic, frame length after the head, header length
 #: the most an answer's arrays may hold (a backend's larger outputs are "too large"),
 #: and the largest frame read (anything larger is refused before it is read)
@@ -55,25 +56,26 @@ _LEAVES = frozenset((str, int, float, bool, type(None)))
 
 
 def _encode(value, buffers: list, spill: SpillFolder | None = None):
+    """A value as JSON: a dict with str keys as an object; anything else but a leaf as a
+    list whose first item says what it is ("l" a list, "t" a tuple, "a" an array in the
+    buffers, "f" an array in a file, "o" an object of which only the type crosses), so
+    that no dict, whatever its keys, reads as anything but a dict."""
     kind = type(value)
     if kind in _LEAVES:                 # most of a message: its leaves, first
         return value
     if kind is dict and all(type(k) is str for k in value):
-        return {"__dict__": {k: _encode(v, buffers, spill) for k, v in value.items()}}
+        return {k: _encode(v, buffers, spill) for k, v in value.items()}
     if kind is list or kind is tuple:
-        return {"__tuple__" if kind is tuple else "__list__":
-                [_encode(v, buffers, spill) for v in value]}
+        return ["l" if kind is list else "t", *[_encode(v, buffers, spill) for v in value]]
     if kind is np.ndarray:
         name = _NAMES.get(value.dtype)
         if name is None:
-            return {"__object__": f"numpy.ndarray of dtype {value.dtype}"}
+            return ["o", f"numpy.ndarray of dtype {value.dtype}", False]
         if spill is not None and value.nbytes >= SPILL_BYTES:
-            return {"__file__": spill.write(value), "dtype": name, "shape": list(value.shape)}
+            return ["f", spill.write(value), name, list(value.shape)]
         buffers.append(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
-        return {"__array__": len(buffers) - 1, "dtype": name, "shape": list(value.shape)}
-    if isinstance(value, np.ndarray):          # a subclass: refused by the runner
-        return {"__object__": f"{kind.__module__}.{kind.__name__}", "subclass": True}
-    return {"__object__": f"{kind.__module__}.{kind.__name__}"}
+        return ["a", len(buffers) - 1, name, list(value.shape)]
+    return ["o", f"{kind.__module__}.{kind.__name__}", isinstance(value, np.ndarray)]
 
 
 class Foreign:
@@ -87,52 +89,61 @@ class Foreign:
 
 
 def _decode(value, buffers: list, spill: SpillFolder | None = None):
-    if isinstance(value, dict):
-        if "__array__" in value:
-            dtype = WIRE_DTYPES.get(value.get("dtype"))
-            index, shape = value["__array__"], value.get("shape")
-            if dtype is None or not isinstance(index, int) or not 0 <= index < len(buffers) \
-                    or not isinstance(shape, list):
-                raise WireError(f"bad array in message: {value!r}"[:200])
-            try:
-                return np.frombuffer(buffers[index], dtype=dtype).reshape(shape).copy()
-            except (ValueError, TypeError) as exc:
-                raise WireError(f"bad array in message: {exc}") from None
-        if "__tuple__" in value:
-            return tuple(_decode(v, buffers, spill) for v in value["__tuple__"])
-        if "__list__" in value:
-            return [_decode(v, buffers, spill) for v in value["__list__"]]
-        if "__dict__" in value:
-            return {str(k): _decode(v, buffers, spill) for k, v in value["__dict__"].items()}
-        if "__file__" in value:
-            return _spilled(value, spill)
-        if "__object__" in value:
-            return Foreign(str(value["__object__"]), bool(value.get("subclass")))
-        raise WireError(f"unknown message part: {sorted(value)}")
-    return value
+    kind = type(value)
+    if kind is dict:
+        return {k: _decode(v, buffers, spill) for k, v in value.items()}
+    if kind is not list:
+        return value
+    tag = value[0] if value else None
+    if tag == "l":
+        return [_decode(v, buffers, spill) for v in value[1:]]
+    if tag == "t":
+        return tuple(_decode(v, buffers, spill) for v in value[1:])
+    if tag == "a":
+        return _array(value, buffers)
+    if tag == "f":
+        return _spilled(value, spill)
+    if tag == "o" and len(value) == 3:
+        return Foreign(str(value[1]), bool(value[2]))
+    raise WireError(f"unknown message part: {value!r}"[:200])
 
 
-def _spilled(value: dict, spill: SpillFolder | None) -> np.ndarray:
+def _array(value: list, buffers: list) -> np.ndarray:
+    """An array sent in the frame's buffers, copied out of them."""
+    _, index, dtype, shape = value if len(value) == 4 else (None, None, None, None)
+    dtype = WIRE_DTYPES.get(dtype) if isinstance(dtype, str) else None
+    if dtype is None or not isinstance(index, int) or not 0 <= index < len(buffers) \
+            or not isinstance(shape, list):
+        raise WireError(f"bad array in message: {value!r}"[:200])
+    try:
+        return np.frombuffer(buffers[index], dtype=dtype).reshape(shape).copy()
+    except (ValueError, TypeError) as exc:
+        raise WireError(f"bad array in message: {exc}") from None
+
+
+def _spilled(value: list, spill: SpillFolder | None) -> np.ndarray:
     """An array sent as a file (spill.py), read and deleted."""
-    dtype, shape = WIRE_DTYPES.get(value.get("dtype")), value.get("shape")
+    _, name, dtype, shape = value if len(value) == 4 else (None, None, None, None)
+    dtype = WIRE_DTYPES.get(dtype) if isinstance(dtype, str) else None
     if spill is None or dtype is None or not isinstance(shape, list) \
             or not all(type(n) is int and n >= 0 for n in shape):
         raise WireError(f"bad spilled array in message: {value!r}"[:200])
     try:
-        return spill.read(value["__file__"], dtype, shape)
+        return spill.read(name, dtype, shape)
     except SpillError as exc:
         raise WireError(str(exc)) from None
 
 
 def frame(msg, spill: SpillFolder | None = None) -> bytes:
-    """One message as the bytes of its frame (its large arrays written to spill)."""
+    """One message as the bytes of its frame (its large arrays written to spill): its
+    kind, its fields and the spans of its buffers as the JSON header, then the buffers."""
     buffers: list = []
-    body = _encode(protocol.encode(msg), buffers, spill)
+    fields = _encode(protocol.fields_of(msg), buffers, spill)
     spans, offset = [], 0
     for buffer in buffers:
         spans.append([offset, len(buffer)])
         offset += len(buffer)
-    header = _JSON.encode({"body": body, "buffers": spans}).encode()
+    header = _JSON.encode({"kind": msg.KIND, "fields": fields, "buffers": spans}).encode()
     return b"".join([_HEAD.pack(MAGIC, 4 + len(header) + offset, len(header)), header, *buffers])
 
 
@@ -152,18 +163,18 @@ def _parse(data: memoryview, spill: SpillFolder | None = None):
     _, length, header_size = _HEAD.unpack(data[:size])
     try:
         header = json.loads(data[size:size + header_size].tobytes())
-        spans, body = header["buffers"], header["body"]
+        spans, kind, fields = header["buffers"], header["kind"], header["fields"]
     except (ValueError, KeyError, TypeError) as exc:
         raise WireError(f"a message header that is not the protocol's: {exc}") from None
     payload = data[size + header_size:4 + 8 + length]
     buffers = []
     for span in spans:
-        if not (isinstance(span, list) and len(span) == 2 and all(type(v) is int for v in span)
+        if not (type(span) is list and len(span) == 2 and all(type(v) is int for v in span)
                 and 0 <= span[0] and 0 <= span[1] and span[0] + span[1] <= len(payload)):
             raise WireError(f"bad buffer span {span!r}"[:200])
         buffers.append(payload[span[0]:span[0] + span[1]])
     try:
-        return protocol.decode(_decode(body, buffers, spill))
+        return protocol.decode(kind, _decode(fields, buffers, spill))
     except protocol.ProtocolError as exc:
         raise WireError(str(exc)) from None
 

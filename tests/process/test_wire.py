@@ -166,9 +166,6 @@ def test_no_array_is_written_through_a_link_nor_read_from_a_name_it_did_not_make
 
 def _frame_naming(name: str) -> bytes:
     """A call whose array x is said to be the spilled file `name` (one float64)."""
-    array = {"__file__": name, "dtype": "float64", "shape": [1]}
-    fields = {"id": 1, "op": "softmax", "params": {"__dict__": {}},
-              "arrays": {"__dict__": {"x": array}}}
-    body = {"__dict__": {"kind": "call", "fields": {"__dict__": fields}}}
-    header = wire._JSON.encode({"body": body, "buffers": []}).encode()
+    fields = {"id": 1, "op": "softmax", "params": {}, "arrays": {"x": ["f", name, "float64", [1]]}}
+    header = wire._JSON.encode({"kind": "call", "fields": fields, "buffers": []}).encode()
     return struct.pack("<4sQI", wire.MAGIC, 4 + len(header), len(header)) + header
