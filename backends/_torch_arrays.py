@@ -18,11 +18,18 @@ def _name(dtype: np.dtype) -> str:
     return dtype.name               # dtype.name is slow, and every call asks
 
 
+#: torch's own mode stack and device context, read to skip get_default_device's walk; a
+#: torch without them (these are private) takes get_default_device every time
+_MODE_STACK_DEPTH = getattr(torch._C, "_len_torch_function_stack", None)
+_DEVICE_CONTEXT = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+
+
 def _default_device() -> torch.device:
     """torch.get_default_device(), which walks torch's mode stack in Python (~6 us, for
     every array converted): the CPU at once when no mode (device or other) is active."""
-    if torch._C._len_torch_function_stack() == 0 and \
-            getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None) is None:
+    if _MODE_STACK_DEPTH is not None and _DEVICE_CONTEXT is not None \
+            and _MODE_STACK_DEPTH() == 0 \
+            and getattr(_DEVICE_CONTEXT, "device_context", None) is None:
         return _CPU
     return torch.get_default_device()
 

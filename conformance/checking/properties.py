@@ -16,9 +16,6 @@ import numpy as np
 from ..backend.interface import policy_for
 from ..golden import reference
 from ..golden.compute import ACCUMULATION_DTYPES
-# RandomState(seed)'s draws at a fiftieth of its cost: one generator, reseeded. A property
-# draws before its calls, which may make the next tests' inputs (process/ahead.py) with it
-from ..golden.inputs import _seeded
 from . import invariance
 from .comparison import digits
 from .context import Context
@@ -137,6 +134,17 @@ def _permuted(ctx, perm_q, perm_k):
                 extra = np.take(extra, perm_k, axis=-1)
             arrays[name] = extra
     return arrays
+
+
+#: the properties' own generator, reseeded for each draw: RandomState(seed)'s draws at a
+#: fiftieth of the cost of making one; its own, since a property's backend calls may make
+#: the next tests' inputs meanwhile (process/ahead.py), from golden/inputs' generator
+_RNG = np.random.RandomState()
+
+
+def _seeded(seed: int) -> np.random.RandomState:
+    _RNG.seed(seed)
+    return _RNG
 
 
 @prop(calls_backend=True)

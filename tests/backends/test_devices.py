@@ -323,3 +323,22 @@ def test_a_missing_device_stops_the_run_before_any_test(tmp_path):
               "float64")
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "backend 'torch-math'" in ran.stdout and " 0 fail" in ran.stdout
+
+
+# ------------------------------------------- the torch adapters' default device, shortcut
+
+
+@pytest.mark.parametrize("private", ["present", "absent"])
+def test_torch_arrays_land_on_torchs_default_device_under_a_device_mode(monkeypatch, private):
+    """The conversions skip torch.get_default_device() only while no mode is active, and
+    take it whenever one is (or when torch lacks the private names the shortcut reads)."""
+    torch = pytest.importorskip("torch")
+    from attention_conformance.backends import _torch_arrays as arrays
+    if private == "absent":
+        monkeypatch.setattr(arrays, "_MODE_STACK_DEPTH", None)
+    assert arrays._to_torch(np.zeros(2)).device == torch.device("cpu")
+    with torch.device("meta"):
+        assert arrays._default_device() == torch.device("meta")
+        assert arrays._to_torch(np.zeros(2)).device.type == "meta"
+        assert arrays._mask_to_torch(np.ones(2, dtype=bool)).device.type == "meta"
+    assert arrays._default_device() == torch.get_default_device() == torch.device("cpu")
