@@ -7,6 +7,7 @@ writes benchmarks/results/KIND.json with its Markdown beside it:
     python benchmarks/bench.py suite                    # the suite's own tests
     python benchmarks/bench.py matrix --tox-log reports/tox.log --tox-time reports/tox.time
     python benchmarks/bench.py paired --base main --head . --backend numpy --backend torch
+    python benchmarks/bench.py paired --base OLD --head . --spec OLD   # the code alone
     python benchmarks/bench.py scale --backend numpy    # --profile scale: wall, memory, golden
 
 Medians of --repeat runs, each a fresh process. Nothing here is a test: a figure taken
@@ -98,7 +99,7 @@ def replayed(tree: Tree, backend: str, record: Path) -> dict:
 def only_topics(tree: Tree, topics: list[str]) -> Path:
     """A copy of the tree's spec folder with the case files of these topics alone."""
     spec = tree.scratch / "spec-topics"
-    shutil.copytree(tree.root / "spec", spec, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(tree.spec, spec, ignore=shutil.ignore_patterns("__pycache__"))
     for path in (spec / "cases").glob("*.yaml"):
         if path.stem not in topics:
             path.unlink()
@@ -121,12 +122,16 @@ def suite(repeat: int, scratch: Path) -> dict:
     return {"runs": runs, "counts": pytest_counts(run.output)}
 
 
-def paired(base: Tree, head: Tree, backends: list[str], repeat: int) -> dict:
-    """Each backend's quick run on both trees, alternating: wall and CPU seconds (of the
-    run's processes that ended: resource.RUSAGE_CHILDREN)."""
+def paired(base: Tree, head: Tree, backends: list[str], repeat: int,
+           spec: str | None = None) -> dict:
+    """Each backend's quick run on both trees (both on the spec of commit `spec` where one
+    is given), alternating: wall and CPU seconds of every process of each run."""
     trees = {"base": base, "head": head}
+    for tree in trees.values():
+        if spec:
+            tree.on_spec(spec)
     figures = {name: {"label": tree.label, "commit": tree.commit} for name, tree in trees.items()}
-    figures.update(repeat=repeat, backends={})
+    figures.update(repeat=repeat, backends={}, **({"spec": spec} if spec else {}))
     for backend in backends:
         items = [items_in(tree.certify(backend)) for tree in trees.values()]   # warms both
         walls, cpu = {"base": [], "head": []}, {"base": [], "head": []}
@@ -215,6 +220,8 @@ def parser() -> argparse.ArgumentParser:
     paired_p.add_argument("--head", required=True, help="a commit or a checkout's folder")
     paired_p.add_argument("--backend", action="append", dest="backends")
     paired_p.add_argument("--repeat", type=int, default=9)
+    paired_p.add_argument("--spec", help="a commit whose spec both trees certify (default: "
+                          "each tree its own)")
     scale_p = commands.add_parser("scale", help="--profile scale on each backend (the first: "
                                   "its golden data's cost and the reference's rate)")
     scale_p.add_argument("--backend", action="append", dest="backends")
@@ -246,7 +253,8 @@ def main(argv=None) -> int:
             save("scale", scale.figures(args.backends or ["numpy"], scratch))
         else:
             base, head = Tree(args.base, scratch / "base"), Tree(args.head, scratch / "head")
-            save("paired", paired(base, head, args.backends or ["numpy", "torch"], args.repeat))
+            save("paired", paired(base, head, args.backends or ["numpy", "torch"], args.repeat,
+                                  args.spec))
     return 0
 
 

@@ -5,6 +5,7 @@ Python of an installed wheel, where this repository is not importable.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import platform
@@ -49,24 +50,63 @@ def median(values):
 @dataclass
 class Run:
     wall: float
-    cpu: float | None          # the command's and every process it waited for
+    cpu: float | None          # the command's and every process it started, however ended
     rc: int | None             # None: timed out
     output: str
 
 
 def timed(argv, *, env=None, cwd=None, timeout=3600) -> Run:
-    """Run a command to its end, its stdout and stderr together, and time it."""
+    """Run a command to its end, its stdout and stderr together, and time it: the wall
+    until it returns, the CPU seconds of it and of every process it left running."""
     def children_cpu():
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         return usage.ru_utime + usage.ru_stime
 
-    cpu, start = children_cpu(), time.perf_counter()
+    _become_subreaper()
+    cpu, start, before = children_cpu(), time.perf_counter(), _children()
     try:
         done = subprocess.run(argv, env=env, cwd=cwd, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         return Run(time.perf_counter() - start, None, None, str(exc.stdout or ""))
-    return Run(time.perf_counter() - start, children_cpu() - cpu, done.returncode, done.stdout)
+    wall = time.perf_counter() - start
+    _reap_orphans(before)
+    return Run(wall, children_cpu() - cpu, done.returncode, done.stdout)
+
+
+def _become_subreaper() -> None:
+    """Processes a run leaves to end after it (a judge, a backend's process) are re-parented
+    to this one, not to init, so their CPU seconds are counted once reaped (Linux only)."""
+    try:
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)          # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _children() -> set[int]:
+    """This process's children now, from /proc (empty where there is none)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == os.getpid():
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _reap_orphans(before: set[int], limit: float = 30.0) -> None:
+    """Wait (at most `limit` seconds) for the children a run left behind, not the ones this
+    process had before it, so that their CPU seconds are added."""
+    end = time.monotonic() + limit
+    while (orphans := _children() - before) and time.monotonic() < end:
+        for pid in orphans:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.01)
 
 
 SUMMARY_WORD = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?|deselected)\b")
@@ -107,17 +147,23 @@ class Tree:
         else:
             self.commit = git("rev-parse", "--short", f"{where}^{{commit}}")
             self.root = extract(where, scratch / "tree")
-        self.scratch = scratch
+        self.scratch, self.spec = scratch, self.root / "spec"
         path = [str(import_root(self.root, scratch / "import")), os.environ.get("PYTHONPATH")]
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)),
                         PYTHONPYCACHEPREFIX=str(scratch / "pycache"),
                         ATTENTION_CONFORMANCE_CACHE=str(scratch / "spec-cache"),
-                        ATTENTION_CONFORMANCE_SPEC=str(self.root / "spec"),
+                        ATTENTION_CONFORMANCE_SPEC=str(self.spec),
                         TF_CPP_MIN_LOG_LEVEL="2")
         for key, value in TOX_ENV.items():
             self.env.setdefault(key, value)
         self.env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.env.pop("JAX_COMPILATION_CACHE_DIR", None)      # JAX compiles, as on a new machine
+
+    def on_spec(self, commit: str) -> None:
+        """Certify the spec folder of this commit, not the tree's own: two trees on one
+        spec compare the code alone."""
+        self.spec = extract(commit, self.scratch / "spec-of", "spec") / "spec"
+        self.env["ATTENTION_CONFORMANCE_SPEC"] = str(self.spec)
 
     def env_for(self, backend: str) -> dict:
         """The tree's environment with tox.ini's settings for this backend."""
@@ -131,7 +177,7 @@ class Tree:
         env = dict(env or self.env_for(backend))
         if cases:
             env["ATTENTION_CONFORMANCE_SPEC"] = str(Path(cases).parent)
-        run = timed([sys.executable, *PYTEST, str(cases or self.root / "spec" / "cases"),
+        run = timed([sys.executable, *PYTEST, str(cases or self.spec / "cases"),
                      "--backend", backend, *extra], env=env, cwd=self.root)
         if run.rc not in (0, 1) or pytest_counts(run.output) is None:
             raise RuntimeError(f"{backend} on {self.label}: the run broke (rc {run.rc}):\n"
@@ -167,8 +213,8 @@ def commit_of(root: Path) -> str:
     return commit + ("+changes" if changed else "")
 
 
-def extract(commit: str, dest: Path) -> Path:
-    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True,
+def extract(commit: str, dest: Path, *paths: str) -> Path:
+    archive = subprocess.run(["git", "archive", commit, *paths], cwd=ROOT, capture_output=True,
                              check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")

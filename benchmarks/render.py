@@ -145,7 +145,8 @@ def matrix_body(f: dict) -> list[str]:
 def paired_body(f: dict) -> list[str]:
     trees = f"base {f['base']['label']} ({f['base']['commit']}), head {f['head']['label']} " \
             f"({f['head']['commit']})"
-    return [f"Trees: {trees}; {f['repeat']} runs of each, alternating.", "",
+    spec = f", both on the spec of {f['spec']}" if f.get("spec") else ""
+    return [f"Trees: {trees}{spec}; {f['repeat']} runs of each, alternating.", "",
             "| backend | items (base, head) | base s | head s | head / base | base min–max s "
             "| head min–max s |", "|---|---|---:|---:|---:|---:|---:|",
             *(f"| {name} | {b['items'][0]}, {b['items'][1]} | {seconds(b['base'])} | "

@@ -122,6 +122,10 @@ def test_paired_runs_alternate_their_order():
 class FakeTree:
     def __init__(self, label, wall):
         self.label, self.commit, self.wall, self.runs = label, label[:7], wall, 0
+        self.spec = None
+
+    def on_spec(self, commit):
+        self.spec = commit
 
     def certify(self, backend):
         self.runs += 1
@@ -139,6 +143,26 @@ def test_paired_gives_each_trees_walls_cpu_and_the_ratio():
     line = render.headline(record("paired", figures))
     assert line == ("numpy x1.050 (2.00 → 2.10 s, CPU x1.050); torch x1.050 (2.00 → 2.10 s, "
                     "CPU x1.050) (head / base)"), line
+
+
+def test_paired_runs_both_trees_on_the_spec_it_is_given(tmp_path):
+    base, head = FakeTree("0faf4ed", 2.0), FakeTree(".", 2.1)
+    figures = bench.paired(base, head, ["numpy"], 1, spec="0faf4ed")
+    assert base.spec == head.spec == figures["spec"] == "0faf4ed"
+    assert "both on the spec of 0faf4ed" in render.paired_body(figures)[0]
+    tree = measure.Tree("HEAD", tmp_path)
+    tree.on_spec("HEAD")
+    assert tree.spec != tree.root / "spec" and (tree.spec / "cases").is_dir()
+    assert tree.env["ATTENTION_CONFORMANCE_SPEC"] == str(tree.spec)
+
+
+def test_a_runs_cpu_counts_the_processes_it_leaves_to_end_after_it():
+    """A judge or a backend process ends after pytest: its CPU seconds are the run's."""
+    busy = "import time; end = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
+    starts = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {busy!r}], "
+              "start_new_session=True)")
+    run = measure.timed([sys.executable, "-c", starts])
+    assert run.rc == 0 and run.cpu >= 0.5, run
 
 
 def test_a_tree_imports_its_own_code_wherever_the_package_is_installed(tmp_path):
