@@ -27,7 +27,7 @@ from .golden.compute import rounded_inputs
 from .golden.store import GoldenStore
 from .model.case import in_profile, test_name
 from .model.errors import CaseTimeout, CheckFailure, SuiteError
-from .model.folder import SpecFolder
+from .model.folder import ENV_VAR, SpecFolder
 from .model.text import printable
 from .model.tolerances import TolerancesError
 from .process.judge_proxy import JudgeProxy
@@ -59,6 +59,7 @@ class State:
         try:
             self.folder = SpecFolder.from_option(config.getoption("spec_dir"))
             self.cases_dir = self.folder.cases_dir
+            _refuse_other_cases(config, self.folder)
             self.spec = load_spec(self.folder, cache=True)
             self.golden = GoldenStore.of(self.folder)
         except BaseException:
@@ -109,6 +110,21 @@ class State:
     def close(self) -> None:
         if self.judge is not None:
             self.judge.close()      # the judge and every process of its run
+
+
+def _refuse_other_cases(config, folder: SpecFolder) -> None:
+    """Only the certified spec's case files are collected: a command line that names
+    another spec's cases folder is refused in one line, not answered 'no tests ran'."""
+    mine = folder.cases_dir.resolve()
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+        cases = path / "cases" if (path / "cases").is_dir() else \
+            path if path.is_dir() else path.parent
+        if cases != mine and cases.name == "cases" and any(cases.glob("*.yaml")):
+            raise pytest.UsageError(
+                f"{arg}: the case files of another spec than the one this run certifies "
+                f"({folder.root}); certify them with --spec-dir {cases.parent} (or "
+                f"{ENV_VAR}={cases.parent})")
 
 
 def _selection(config) -> dict:

@@ -8,6 +8,7 @@ from it, follows no link out of it and prints none of its text raw.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -160,6 +161,24 @@ def test_plain_pytest_from_inside_a_spec_folder_is_refused(tmp_path):
             done.stderr and "passed" not in done.stdout, done.stderr
         assert marker.exists() == imported
         marker.unlink(missing_ok=True)
+
+
+def test_pytest_on_another_specs_case_files_says_how_to_certify_them(tmp_path):
+    """Only the certified spec's files are collected (a wheel's own spec, unless told):
+    a command line naming another spec's cases is refused in one line, which says how."""
+    cases = make_spec(tmp_path)
+    env = {key: value for key, value in os.environ.items() if key != "ATTENTION_CONFORMANCE_SPEC"}
+    runs = [subprocess.run([sys.executable, "-m", "pytest", "-c", ROOT / "pyproject.toml",
+                            "--rootdir", ROOT, cases, "--backend", "numpy", *told, "-q", "-p",
+                            "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=180, env=env) for told in ([], ["--spec-dir", cases])]
+    refused, told = runs
+    assert refused.returncode == pytest.ExitCode.USAGE_ERROR, refused.stdout + refused.stderr
+    assert refused.stderr.strip() == (
+        f"ERROR: {cases}: the case files of another spec than the one this run certifies "
+        f"({packaged_spec_dir()}); certify them with --spec-dir {cases.parent} (or "
+        f"ATTENTION_CONFORMANCE_SPEC={cases.parent})"), refused.stderr
+    assert told.returncode == 0 and " passed" in told.stdout, told.stdout + told.stderr
 
 
 def test_every_pytest_command_of_tox_and_the_docs_names_its_settings():

@@ -58,6 +58,15 @@ def test_the_summary_is_a_real_runs(tmp_path):
                         for line in printed], "\n".join(printed)
 
 
+def test_the_quick_spec_is_as_many_tests_as_the_summary_counts():
+    """The Cost section's count is the shown run's: every status of its summary line."""
+    statuses = re.search(r"^  (\d+) pass, (\d+) fail, (\d+) xfail, (\d+) xpass, (\d+) "
+                         r"unsupported$", README, re.M)
+    cost = re.search(r"one pytest run of the quick spec \(([\d,]+) tests\)", README)
+    assert statuses and cost, "the summary's counts and the Cost section's figure"
+    assert int(cost[1].replace(",", "")) == sum(map(int, statuses.groups()))
+
+
 def test_the_python_runs():
     for block in re.findall(r"```python\n(.*?)```", README, re.S):
         exec(compile(block, "README.md", "exec"), {})
