@@ -13,6 +13,8 @@ import functools
 import ml_dtypes
 import numpy as np
 
+from ._signature import signed
+
 #: the spec's fp8 formats
 FP8 = ("float8_e4m3fn", "float8_e5m2")
 
@@ -70,5 +72,5 @@ def descaled(*convert, quantize=scaled_output):
                 raise NotImplementedError("o_scale writes the output in the inputs' fp8 "
                                           "format, and no input is fp8")
             return quantize(out, o_scale, fmt)
-        return wrapper
+        return signed(wrapper, method, "q_descale", "k_descale", "v_descale", "o_scale")
     return wrap

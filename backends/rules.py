@@ -39,7 +39,6 @@ Functions and classes:
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import os
 
@@ -48,11 +47,13 @@ import numpy as np
 from ._fp8 import FP8, dequantize, descaled, scaled_output  # noqa: F401 (fp8: the API)
 from .absorbed import fold_qv, qv_folded as _qv_folded  # noqa: F401 (fold_qv: public)
 from ._outputs import identity_values, lse_dtype  # noqa: F401 (public)
+from ._signature import signed
 
 #: the values of ``causal``
 CAUSAL = (None, "top_left", "bottom_right")
 #: the params that say which keys a query may see as structure (structure_mask)
 STRUCTURE = ("q_segment_ids", "kv_segment_ids", "block_mask", "block_size")
+_LENGTHS = ("q_lengths", "kv_lengths")
 
 
 # ---------------------------------------------------------------- which keys a query sees
@@ -193,7 +194,8 @@ def lengths_as_mask(method):
             return (zero_padded_rows(result[0], padded),) + tuple(result[1:])
         return zero_padded_rows(result, padded)
 
-    return wrapper
+    return signed(wrapper, method, "mask", "causal", "window", *_LENGTHS, *STRUCTURE,
+                  *(() if vjp else ("qv",)))
 
 
 # ---------------------------------------------------------------- packed documents
@@ -275,7 +277,8 @@ def structure_as_mask(method):
         mask = structure_mask(mask, np.shape(q), np.shape(k), **structure)
         return method(self, q, k, *arrays, mask=mask, **params)
 
-    return wrapper
+    return signed(wrapper, method, "mask", *STRUCTURE,
+                  *(() if method.__name__ == "sdpa_vjp" else ("qv",)))
 
 
 # ---------------------------------------------------------------- layout
@@ -392,9 +395,7 @@ def sized(copies: int = 3, streams=None):
                 check_size(f"{self.name} {method.__name__}", np.shape(q), np.shape(k),
                            itemsize=itemsize, copies=copies)
             return method(self, q, k, *arrays, **params)
-        # the keywords it takes are the method's own (the suite reads them unwrapped)
-        checked.__signature__ = inspect.signature(method, follow_wrapped=False)
-        return checked
+        return signed(checked, method)      # the keywords it takes: the method's own
     return wrap
 
 

@@ -37,6 +37,7 @@ def test_importing_rules_imports_no_framework_and_nothing_of_the_suite():
             "('attention_conformance.backends', 'attention_conformance.backends.rules',"
             " 'attention_conformance.backends.absorbed',"
             " 'attention_conformance.backends._fp8',"
+            " 'attention_conformance.backends._signature',"
             " 'attention_conformance.backends._outputs')))")  # rules' own, NumPy only
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

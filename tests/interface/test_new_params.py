@@ -8,7 +8,12 @@ import functools
 import numpy as np
 import pytest
 
+from _real_spec import real_spec
 from attention_conformance.backend.calling import invoke, unaccepted
+from attention_conformance.backend.in_process import InProcess
+from attention_conformance.backends import rules
+from attention_conformance.checking.verdict import verdict_of
+from attention_conformance.golden.store import GoldenStore
 from attention_conformance.model.errors import Unsupported
 from attention_conformance.process import protocol
 from attention_conformance.process.backend_host import answer
@@ -64,3 +69,74 @@ def test_a_backend_that_takes_the_params_is_called():
     assert unaccepted(Older().sdpa, ["mask", "q_lengths", "window"]) == ["q_lengths"]
     out = invoke(TakesAnything(), "sdpa", ARRAYS, params)
     assert out is ARRAYS["q"]
+
+
+def _plain(q, k, v, mask=None, scale=None):
+    """Attention that takes a boolean mask and nothing else (a framework's op), in q's dtype."""
+    scale = q.dtype.type(1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    s = (q @ np.swapaxes(k, -1, -2)) * scale
+    s = s if mask is None else np.where(mask, s, q.dtype.type(-np.inf))
+    with np.errstate(invalid="ignore"):            # a row without keys: 0/0
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        return (p / p.sum(axis=-1, keepdims=True)) @ v
+
+
+class MaskOnly:
+    """An sdpa without bias, softcap or sink, its lengths and documents by rules."""
+
+    name = "mask-only"
+    dtypes = {"float64", "float32"}
+    policy = {"fully_masked_rows": "nan", "masked_key_nan": "ignored",
+              "masked_value_nan": "propagates", "padded_query_rows": "zeros"}
+
+    @rules.lengths_as_mask
+    def sdpa(self, q, k, v, *, mask=None, causal=None, scale=None, window=None):
+        if k.shape[-3] not in (1, q.shape[-3]):
+            raise NotImplementedError("no grouped-query heads")
+        allowed = rules.allowed(q.shape[-2], k.shape[-2], causal, window)
+        return _plain(q, k, v, rules.and_masks(mask, allowed), scale)
+
+
+def test_a_method_wrapped_by_rules_is_unsupported_for_what_it_cannot_take():
+    """The wrapper's **params claimed every param: a sink case called an sdpa without
+    sink (TypeError, a failure). Its signature is the method's plus what it takes."""
+    golden, backend = GoldenStore(), InProcess(MaskOnly())
+    sinks, lengths = {}, {}
+    for case in real_spec().cases:
+        given = set(case.inputs) | set(case.params)
+        tests = sinks if "sink" in given else lengths if {"q_lengths", "kv_lengths"} & given \
+            and not {"bias", "softcap"} & given else None
+        if case.op != "sdpa" or tests is None or case.topic not in ("sinks", "varlen"):
+            continue
+        for variant in case.variants:
+            for dtype in set(case.dtypes) & MaskOnly.dtypes:
+                verdict = verdict_of(backend, case, variant, dtype, golden)
+                tests[case.id, variant.label, dtype] = verdict["status"], verdict["message"]
+    assert sinks and all(status == "unsupported" and "the backend's sdpa takes no" in message
+                         and "sink" in message for status, message in sinks.values()), sinks
+    passed = [t for t, (s, _) in lengths.items() if s == "pass"]
+    assert len(passed) >= 10 and all(s == "pass" or m == "no grouped-query heads"
+                                     for s, m in lengths.values()), lengths
+
+
+def test_every_wrapper_of_rules_shows_the_methods_keywords_and_its_own():
+    class Adapter:
+        name = "wrapped"
+
+        @rules.sized()
+        @rules.structure_as_mask
+        def sdpa_vjp(self, q, k, v, d_out, *, mask=None, q_lengths=None):
+            return q, k, v
+
+        @rules.descaled()
+        @rules.sized()
+        @rules.lengths_as_mask
+        def sdpa(self, q, k, v, *, mask=None, causal=None, window=None, scale=None):
+            return q
+
+    taken = {"mask", "block_mask", "q_segment_ids", "q_lengths"}
+    assert unaccepted(Adapter().sdpa_vjp, [*taken, "sink", "bias", "qv"]) == \
+        ["sink", "bias", "qv"]
+    assert unaccepted(Adapter().sdpa, [*taken, "kv_lengths", "block_size", "qv", "scale",
+                                       "q_descale", "o_scale", "sink", "softcap"]) == \
+        ["sink", "softcap"]
