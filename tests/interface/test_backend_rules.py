@@ -5,6 +5,7 @@ words, element by element, and the guide's example run as it is shown."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _cli_support import cli
 from attention_conformance.backends import rules
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "adding-a-backend.md"
@@ -130,24 +132,27 @@ def test_layout_refuses_heads_that_cannot_share():
 
 
 def _masked_attention(q, k, v, mask=None, scale=None):
-    """Plain attention that takes a boolean mask and nothing else; a row without keys
-    gets zeros."""
-    s = (q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
-    s = np.where(mask, s, -np.inf) if mask is not None else s
+    """Plain attention that takes a boolean mask and nothing else, in q's dtype; a row
+    without keys gets NaN (0/0): the guide's my_attention, as its policy says."""
+    scale = q.dtype.type(1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    s = (q @ np.swapaxes(k, -1, -2)) * scale
+    s = np.where(mask, s, q.dtype.type(-np.inf)) if mask is not None else s
     with np.errstate(invalid="ignore"):
-        p = np.exp(s - np.max(s, axis=-1, keepdims=True, initial=-np.inf))
-        p = np.nan_to_num(p / p.sum(axis=-1, keepdims=True))
-    return p @ v
+        p = np.exp(s - np.max(s, axis=-1, keepdims=True))
+        return (p / p.sum(axis=-1, keepdims=True)) @ v
+
+
+def _guide_example() -> str:
+    section = GUIDE.read_text().split("## Shared helpers: attention_conformance.backends.rules")[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def test_the_guide_example_certifies_lengths_through_a_mask_only_op():
     """The guide's adapter, run as shown: each batch element gets its own problem (its
     q_lengths[b] queries and kv_lengths[b] keys, bottom-right at its own offset), and a
     padded query's row is 0."""
-    section = GUIDE.read_text().split("## Shared helpers: attention_conformance.backends.rules")[1]
-    example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace = {"my_attention": _masked_attention}
-    exec(example, namespace)
+    exec(_guide_example(), namespace)
     backend = namespace["MaskOnlyBackend"]()
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((2, 1, n, 3)) for n in (4, 5, 5))
@@ -156,8 +161,33 @@ def test_the_guide_example_certifies_lengths_through_a_mask_only_op():
         alone = np.array([[sees(i, j, ql, kl, "bottom_right", None) for j in range(kl)]
                           for i in range(ql)])
         want = _masked_attention(q[b, :, :ql], k[b, :, :kl], v[b, :, :kl], alone)
-        assert np.allclose(out[b, :, :ql], want)
+        assert np.allclose(out[b, :, :ql], want, equal_nan=True)
         assert not out[b, :, ql:].any()
+
+
+def test_the_guide_example_certifies_with_no_failure(tmp_path):
+    """The guide's MaskOnlyBackend, saved to a file with a plain my_attention and certified
+    on the whole quick spec: what it does not implement is unsupported (a bias, a softcap,
+    a sink: its sdpa takes none; grouped-query heads: NotImplementedError), never failed.
+    It accepted a bias and a softcap and ignored them, and the lengths_as_mask wrapper's
+    **params claimed a sink: 198 failed, 559 passed."""
+    import inspect
+
+    (tmp_path / "mask_only.py").write_text(
+        "import numpy as np\n\n" + inspect.getsource(_masked_attention)
+        + "my_attention = _masked_attention\n\n" + _guide_example())
+    run = cli("certify", "mask_only.py:MaskOnlyBackend", "--report", tmp_path, "-q",
+              cwd=tmp_path)
+    data = json.loads((tmp_path / "mask-only.json").read_text())
+    failed = [(r["id"], r["message"][:200]) for r in data["results"]
+              if r["status"] not in ("pass", "unsupported")]
+    assert run.returncode == 0 and not failed, (failed[:10], run.stdout[-2000:] + run.stderr)
+    reasons = {r["message"] for r in data["results"] if r["status"] == "unsupported"}
+    assert {"the backend's sdpa takes no bias", "the backend's sdpa takes no softcap",
+            "the backend's sdpa takes no sink",
+            "my_attention: no grouped-query heads"} <= reasons
+    passed = {r["topic"] for r in data["results"] if r["status"] == "pass"}
+    assert {"varlen", "masks", "causal", "documents", "block_sparse"} <= passed, passed
 
 
 def test_fold_qv_makes_the_absorbed_form_plain_attention_over_wider_heads():
