@@ -89,6 +89,28 @@ def test_the_guide_commands_exist():
         assert not unknown, command
 
 
+def _shown(marker: str) -> list[str]:
+    """The lines of the guide's text block after an HTML comment marker."""
+    block = GUIDE.read_text().split(f"<!-- {marker} -->\n```text\n", 1)[1]
+    return block.split("```", 1)[0].splitlines()
+
+
+def test_the_guides_summary_is_a_real_runs(tmp_path):
+    """Step 5's summary is what `certify toy --report reports` prints on the package's own
+    spec (its hash aside): it once showed the small test spec's run (26 cases, 42 pass,
+    106 unsupported, float32 0.25) in an older format."""
+    shown = _shown("summary: attention-conformance certify toy --report reports")
+    run = cli("certify", f"{EXAMPLE}/src/toy_attention/adapter.py:ToyBackend",
+              "--report", "reports", "-q", cwd=tmp_path, env={"PYTHONPATH": str(EXAMPLE / "src")})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    start = run.stdout.index("attention-conformance: backend 'toy'")
+    printed = run.stdout[start:].splitlines()[:len(shown)]
+
+    def hashless(lines):
+        return [re.sub(r"in spec [0-9a-f]{16}", "in spec HASH", line) for line in lines]
+    assert hashless(shown) == hashless(printed), "\n".join(printed)
+
+
 def _report(directory: Path) -> dict:
     return json.loads((directory / "toy.json").read_text())
 
