@@ -12,6 +12,7 @@ import shlex
 import site
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,16 @@ def test_the_guides_summary_is_a_real_runs(tmp_path):
     def hashless(lines):
         return [re.sub(r"in spec [0-9a-f]{16}", "in spec HASH", line) for line in lines]
     assert hashless(shown) == hashless(printed), "\n".join(printed)
+
+
+def test_the_fuzz_step_says_which_extra_it_needs():
+    """`fuzz` needs Hypothesis, which only an extra installs: step 8 names it."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    [extra] = [name for name, needs in extras.items() if name != "test"
+               and any(n.startswith("hypothesis") for n in needs)]
+    step = GUIDE.read_text().split("## 8. Fuzz it", 1)[1].split("\n## ", 1)[0]
+    assert f"pip install 'attention-conformance[{extra}]'" in step
 
 
 def _report(directory: Path) -> dict:
