@@ -371,10 +371,16 @@ class CaseItem(pytest.Item):
         lines += getattr(error, "cause", "").splitlines()
         if self.config.get_verbosity() < 0:
             header = self.header().splitlines()[0]
-            more = f" ({len(lines) - 1} more lines in the report, or rerun without -q)" \
-                if len(lines) > 1 else ""
-            return f"{lines[0]}\n{header}{more}"
+            return f"{lines[0]}\n{header}{self._more_lines(len(lines) - 1)}"
         return lines[0] + "\n" + self.header() + "".join(f"  {line}\n" for line in lines[1:])
+
+    def _more_lines(self, left_out: int) -> str:
+        """Where the lines that -q leaves out are: the report, where --report writes one."""
+        if not left_out:
+            return ""
+        where = "in the report, or rerun without -q" if self.config.getoption("report") \
+            else "left out: rerun without -q"
+        return f" ({left_out} more lines {where})"
 
     def reportinfo(self):
         return self.path, self.case.line - 1, self.test_id

@@ -123,6 +123,17 @@ def test_the_report_holds_every_line_the_terminal_leaves_out(backend, options, t
         assert more and "in _kernel" in block
         assert ("in _kernel" in failure["traceback"]) == ("--in-process" in options)
 
+def test_without_a_report_q_says_only_to_rerun_without_it(tmp_path):
+    """With no --report there is no report to read the lines -q leaves out in: the hint
+    said "(N more lines in the report, or rerun without -q)" all the same."""
+    cases = make_spec(tmp_path)
+    run = cli("--spec-dir", cases, "certify", adapter("RaisingSoftmax"), "-q",
+              "-p", "no:cacheprovider", "-k", "softmax", "--dtype", "float32")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "in the report" not in run.stdout, run.stdout
+    assert re.search(r"\(\d+ more lines left out: rerun without -q\)", run.stdout), run.stdout
+
+
 def test_the_markdown_report_lists_each_backend_process_replaced(reports):
     """Each test that started a fresh backend process, and why (the JSON's `replaced`)."""
     from attention_conformance.reports.markdown import backend_markdown

@@ -659,6 +659,29 @@ def test_validate_and_the_plugin_give_a_broken_tolerances_file_one_line(spec_dir
                       "dtype to {unit_roundoff: NUMBER}"], errors
 
 
+def test_an_empty_cases_folder_is_one_problem_naming_it(tmp_path, pytester, capsys):
+    """A folder with no case file ran nothing ('no tests ran', exit 5) and validated as
+    0 cases with no problem; it is refused as a missing folder is, in one line."""
+    from attention_conformance.cli import main
+
+    empty = tmp_path / "spec" / "cases"
+    empty.mkdir(parents=True)
+    assert [str(e) for e in load_spec(empty).errors] == \
+        [f"{empty}: no case files (*.yaml) in this folder"]
+    assert main(["--spec-dir", str(empty), "validate"]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == \
+        f"{empty}: no case files (*.yaml) in this folder"
+    result = pytester.runpytest_inprocess(str(empty), "--backend", "numpy", "--spec-dir",
+                                          str(empty), "-q", "-p", "no:cacheprovider",
+                                          "-p", "no:hypothesispytest")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.strip()]
+    assert errors == [f"ERROR: {empty}: no case files (*.yaml) in this folder"], errors
+    (empty / "old.yml").write_text("topic: old\ncases: []\n")   # a misnamed file: its hint
+    assert [e.message for e in load_spec(empty).errors] == \
+        ["case files end in .yaml: this file is not loaded (rename it old.yaml)"]
+
+
 def test_the_plugin_refuses_a_missing_cases_folder_with_one_line(tmp_path, pytester):
     missing = tmp_path / "nowhere" / "cases"
     # refused at configure: Hypothesis' plugin, kept out, would never see its session start
