@@ -89,11 +89,21 @@ class State:
             self.info = describe(declaration) if declaration else \
                 {"name": self.config.getoption("backend"), "dtypes": [], "policy": {},
                  "versions": {}, "paths": {}}
-            self.expected = expected_for(declaration, self.config.getoption("expected_failures")) \
-                if declaration else ExpectedFailures()
+            self.expected = self._expected(declaration)
             self.log = ResultLog(self.info, self.spec, spec_dir=self.folder.root,
                                  selection=_selection(self.config))
         return self
+
+    def _expected(self, declaration) -> ExpectedFailures:
+        """The backend's expected failures; a file that cannot be read is a usage error."""
+        if not declaration:
+            return ExpectedFailures()
+        try:
+            return expected_for(declaration, self.config.getoption("expected_failures"))
+        except SpecError as exc:
+            self.load_failed = True
+            self.close()
+            raise pytest.UsageError(f"expected failures: {exc}") from None
 
     def _declaration(self, wait: bool):
         if self.backend is not None:
