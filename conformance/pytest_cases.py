@@ -153,6 +153,7 @@ _SHORT = reprlib.Repr()
 _SHORT.maxlist, _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 16, 4, 200, 200
 
 _STATE = pytest.StashKey["State"]()
+_SESSION = pytest.StashKey[pytest.Session]()
 _COLLECTOR = pytest.StashKey["_Collector"]()
 
 
@@ -510,6 +511,10 @@ def _error_record(report) -> dict:
             "traceback": ""}
 
 
+def pytest_sessionstart(session):
+    session.config.stash[_SESSION] = session     # its exit status, should the report fail
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if hasattr(config, "workerinput"):              # an xdist worker: the main process reports
         return
@@ -542,8 +547,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if directory:
         try:
             paths = write_backend_report(state.log, Path(directory))
-        except OSError as exc:
+        except OSError as exc:     # refused before the run, this is a disk full or the like
             terminalreporter.write_line(f"report: NOT WRITTEN: {exc}")
+            terminalreporter.config.stash[_SESSION].exitstatus = pytest.ExitCode.USAGE_ERROR
             return
         terminalreporter.write_line("report: " + ", ".join(str(p) for p in paths))
 
