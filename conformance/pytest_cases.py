@@ -210,6 +210,8 @@ def _pytest_file_in_spec(config) -> str | None:
     never run as if fine."""
     folder = SpecFolder.from_option(config.getoption("spec_dir"))
     root, cases = folder.root.resolve(), folder.cases_dir.resolve()
+    if not cases.is_dir():          # no spec there: the loader's error says so
+        return None
     looked = [p for p in (*reversed(cases.parents), cases) if root in (p, *p.parents)]
     found = [Path(config.inipath)] if config.inipath else []
     found += [where / name for where in looked for name in PYTEST_FILES
