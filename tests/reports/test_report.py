@@ -61,7 +61,7 @@ def test_a_passing_backend_report(reports):
     assert data["by_topic_dtype"]["tiny"]["float64"] == {"pass": 6}
     assert {"python", "suite", "numpy"} <= set(data["versions"])
     assert data["spec_hash"] == spec_hash(cases.parent)
-    assert data["cases"] == 5 and data["spec_errors"] == 0
+    assert data["cases"] == 5 and data["spec_errors"] == 0 and data["spec_problems"] == []
     assert set(data["policies"]) == set(POLICIES)
     assert data["policies"]["fully_masked_rows"]["choice"] == "zeros"
     assert data["selection"]["profile"] == "quick"
@@ -268,6 +268,27 @@ def test_the_plugin_refuses_an_unusable_report_folder_before_the_run(tmp_path, k
     errors = [line for line in result.errlines if line.strip()]
     assert len(errors) == 1 and errors[0].startswith(f"ERROR: --report {directory}: "), errors
     assert words in errors[0] and "passed" not in result.stdout.str()
+
+
+def test_a_spec_problem_is_named_in_the_summary_the_report_and_the_matrix(tmp_path, capsys):
+    """A broken case file is the spec's problem, not the backend's: its file, line and
+    message are printed at the end of the run, listed in the report, and the matrix's
+    spec cell says the spec had problems (all green otherwise)."""
+    cases = make_spec(tmp_path)
+    (cases / "zz_broken.yaml").write_text("cases:\n  - id: x\n    op: sdpa\n"
+                                          "    description: [oops\n")
+    out = tmp_path / "reports"
+    done = cli("--spec-dir", cases, "certify", "numpy", "--report", out, "-q", "-k", "not x")
+    data = _load(out, "numpy")
+    assert data["spec_errors"] == 1 and len(data["spec_problems"]) == 1
+    assert data["spec_problems"][0].endswith(
+        "zz_broken.yaml:5: case 'x': invalid YAML: did not find expected ',' or ']' (while "
+        "parsing a flow sequence)"), data["spec_problems"]
+    assert f"  spec problem (no test of it ran): {data['spec_problems'][0]}" in done.stdout
+    page = (out / "numpy.md").read_text()
+    assert "## Spec problems" in page and "zz\\_broken.yaml:5: case 'x': invalid YAML" in page
+    assert run(capsys, "report", out).returncode == 0
+    assert f"| {data['spec_hash']}, 1 spec problems |" in (out / "matrix.md").read_text()
 
 
 def test_a_folder_where_nothing_can_be_made_is_refused_whatever_its_bits_say(tmp_path,
