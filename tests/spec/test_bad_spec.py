@@ -7,6 +7,7 @@ objects are refused before anything runs.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _cli_support import cli
 from attention_conformance.specs import yaml_reader
 from attention_conformance.specs.loader import load_spec
 from attention_conformance.specs.yaml_reader import MAX_FILE_BYTES
@@ -680,6 +682,15 @@ def test_an_empty_cases_folder_is_one_problem_naming_it(tmp_path, pytester, caps
     (empty / "old.yml").write_text("topic: old\ncases: []\n")   # a misnamed file: its hint
     assert [e.message for e in load_spec(empty).errors] == \
         ["case files end in .yaml: this file is not loaded (rename it old.yaml)"]
+
+
+def test_certify_refuses_a_missing_folder_at_the_root_with_one_line():
+    """Its parent is / (where certify's settings file, /dev/null, lies): still the one
+    true line, not a complaint about pytest settings inside the spec."""
+    missing = f"/attention-conformance-no-such-spec-{os.getpid()}"
+    result = cli("certify", "numpy", "--spec-dir", missing, "-q")
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert result.stderr.strip() == f"ERROR: {missing}: no such folder of case files"
 
 
 def test_the_plugin_refuses_a_missing_cases_folder_with_one_line(tmp_path, pytester):

@@ -202,9 +202,10 @@ def test_the_cli_page_names_every_built_in_backend():
 
 
 def test_the_readme_shows_the_installed_path_first():
-    """The README's first commands install the package and run it, before any checkout."""
+    """The README's first commands install the package from a fresh clone (not editable:
+    the package is on no public index) and run it, before any development install."""
     text = (ROOT / "README.md").read_text()
     first = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
-    assert first.splitlines()[0].startswith("pip install attention-conformance")
+    assert first.splitlines()[0].startswith("pip install . ")
     assert "attention-conformance certify numpy" in first
-    assert text.index("pip install attention-conformance") < text.index("pip install -e")
+    assert text.index("pip install . ") < text.index("pip install -e")
