@@ -125,6 +125,15 @@ def _selected(case, args) -> bool:
     return True
 
 
+def _unknown_topics(spec, args) -> str:
+    """What a selection's --topic names that the spec lacks, with the topics it has."""
+    known = sorted({c.topic for c in spec.cases})
+    unknown = [t for t in args.topic or () if t not in known]
+    if not unknown:
+        return ""
+    return f": no topic {', '.join(unknown)} (topics: {', '.join(known)})"
+
+
 def _list(args) -> int:
     spec = load_spec(_folder(args), cache=True)
     cases = [c for c in spec.cases if _selected(c, args)]
@@ -183,13 +192,39 @@ def certify_argv(args, passthrough) -> list[str]:
     return argv + list(passthrough)
 
 
+#: pytest-xdist's options (a short -n may hold its value: -n2, -nauto)
+XDIST_OPTIONS = re.compile(r"-n|--numprocesses(=|$)|--maxprocesses(=|$)|--dist(=|$)")
+
+
+def _xdist_installed() -> bool:
+    from importlib.util import find_spec
+    return find_spec("xdist") is not None
+
+
+def xdist_problem(passthrough) -> str | None:
+    """Why certify refuses these pytest options: one of pytest-xdist's without it
+    installed (else pytest's 'unrecognized arguments', with 'inifile: /dev/null')."""
+    given = next((a for a in passthrough if XDIST_OPTIONS.match(a)), None)
+    if given is None or _xdist_installed():
+        return None
+    return f"{given} needs pytest-xdist, which is not installed: pip install pytest-xdist"
+
+
+def _no_cases_folder(args) -> str | None:
+    """A missing --spec-dir folder, in the loader's words (pytest would say only that
+    its --rootdir, the spec folder, was not found)."""
+    cases_dir = _cases_dir(args)
+    return None if cases_dir.is_dir() else f"{cases_dir}: no such folder of case files"
+
+
 def _certify(args, passthrough) -> int:
     import pytest
 
     from .reports.markdown import report_problem
     from .terminal import default_threads
 
-    problem = report_problem(args.report)
+    problem = _no_cases_folder(args) or report_problem(args.report) \
+        or xdist_problem(passthrough)
     if problem:                 # before pytest: no backend is started for nothing
         _err(f"ERROR: {problem}")
         return int(pytest.ExitCode.USAGE_ERROR)
@@ -220,7 +255,7 @@ def _export(args) -> int:
         _err(f"no such case (or not selected): {', '.join(missing)}")
         return 2
     if not cases:
-        _err("no case selected")
+        _err("no case selected" + _unknown_topics(spec, args))
         return 2
     step = max(1, len(cases) // 10)
 
@@ -271,7 +306,7 @@ def _report(args) -> int:
 # --- fuzz ------------------------------------------------------------------------------
 
 def _fuzz(args) -> int:
-    from .fuzz import FUZZED_OPS, case_file_yaml, fuzz
+    from .fuzz import case_file_yaml, fuzz
     from .backend.resolve import BackendLoadError, load_backend
 
     try:
@@ -293,7 +328,7 @@ def _fuzz(args) -> int:
 
     try:
         report = fuzz(backend, examples=args.examples, seed=args.seed, dtypes=args.dtype,
-                      ops=args.op or FUZZED_OPS, progress=None if args.quiet else progress)
+                      ops=args.op, progress=None if args.quiet else progress)
     except ValueError as exc:
         _err(str(exc))
         return 2
@@ -362,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     c = command("certify", "run the conformance cases on a backend (pytest underneath); "
-                "options not listed here go to pytest (e.g. --junitxml=PATH, -x, -n 2), "
+                "options not listed here go to pytest (e.g. --junitxml=PATH, -x; -n 2 with "
+                "pytest-xdist installed: pip install pytest-xdist), "
                 "as does everything after --",
                 epilog=passthrough_text())
     c.add_argument("backend", metavar="BACKEND", help=BY_FLAG["--backend"].help)
@@ -416,8 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     f.add_argument("--dtype", action="append", choices=DTYPES,
                    help="only this dtype (repeatable; default: every dtype the backend declares)")
-    f.add_argument("--op", action="append", choices=[o.name for o in OPS.values() if o.fuzzed],
-                   help="only this op (repeatable; default all three)")
+    fuzzed = [o.name for o in OPS.values() if o.fuzzed]
+    f.add_argument("--op", action="append", choices=fuzzed,
+                   help=f"only this op (repeatable; default: {', '.join(fuzzed)}, those of "
+                        "them that take the chosen dtypes: an fp8 one only sdpa's)")
     f.add_argument("--save", metavar="FILE.yaml", default=None,
                    help="also write the failing case as a complete case file")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress lines")

@@ -1,6 +1,6 @@
 """Fuzzing a backend against the float64 reference, beyond the cases of the spec.
 
-Hypothesis draws cases: an op (sdpa, attention_weights, sdpa_vjp), shapes (heads, batch,
+Hypothesis draws cases: an op (those the op table marks `fuzzed`), shapes (heads, batch,
 grouped-query heads, Lq != Lk), boolean masks of several broadcast shapes, biases,
 scales (including the default), causal alignments, sliding windows, softcaps and dtypes.
 Each drawn case is written exactly as a spec case (generators with seeds, never inline
@@ -33,7 +33,7 @@ import yaml
 from .model.dtypes import PLAIN_DTYPES
 from .golden.compute import compute
 from .golden.inputs import build_inputs
-from .model.ops import OPS
+from .model.ops import OPS, ops_taking, takes_dtype
 from .model.errors import CheckFailure, Unsupported
 from .golden.reference import allowed_keys
 from .backend.in_process import InProcess
@@ -58,13 +58,15 @@ def case_strategy(ops=FUZZED_OPS, dtypes=PLAIN_DTYPES):
     """A Hypothesis strategy of case documents (dicts shaped like a spec case)."""
     from hypothesis import strategies as st
 
-    ops, dtypes = tuple(ops), tuple(dtypes)
+    # each op with the dtypes it takes (an fp8 dtype only the ops with descale factors)
+    taken = {op: tuple(d for d in dtypes if takes_dtype(op, d)) for op in ops}
+    ops = tuple(op for op in ops if taken[op])
     seeds = st.integers(0, 2**16)
 
     @st.composite
     def cases(draw):
         op = draw(st.sampled_from(ops))
-        dtype = draw(st.sampled_from(dtypes))
+        dtype = draw(st.sampled_from(taken[op]))
         lq, lk = draw(st.integers(1, 6)), draw(st.integers(1, 6))
         d, dv = draw(st.integers(1, 8)), draw(st.integers(1, 8))
         layout = draw(st.sampled_from(("plain", "heads", "batch_heads", "gqa")))
@@ -267,6 +269,29 @@ class FuzzReport:
                 + self.failure.yaml)
 
 
+def _refuse_ops_taking_no_dtype(ops, dtypes) -> None:
+    """ValueError, in one line, where an op asked for takes none of the dtypes (an fp8
+    dtype is only for the ops with descale factors)."""
+    for op in ops:
+        if not any(takes_dtype(op, d) for d in dtypes):
+            raise ValueError(f"--op {op} cannot take --dtype {', '.join(dtypes)}: "
+                             f"{_takers(dtypes[0])}")
+
+
+def _refuse_dtypes_no_op_takes(ops, dtypes) -> None:
+    """ValueError, in one line, where none of the ops drawn takes one of the dtypes."""
+    for dtype in dtypes:
+        if not ops_taking(dtype, ops):
+            raise ValueError(f"--dtype {dtype}: none of the ops to draw ({', '.join(ops)}) "
+                             f"takes it; {_takers(dtype)}")
+
+
+def _takers(dtype) -> str:
+    return (f"{dtype} is for the ops that take descale factors "
+            f"({', '.join(ops_taking(dtype))}; the fuzzer draws "
+            f"{', '.join(ops_taking(dtype, FUZZED_OPS))})")
+
+
 def fuzz(backend, *, examples: int = 100, seed: int = 0, dtypes=None, ops=None,
          progress=None) -> FuzzReport:
     """Draw up to ``examples`` cases; return the first failure, shrunk, if any."""
@@ -280,9 +305,11 @@ def fuzz(backend, *, examples: int = 100, seed: int = 0, dtypes=None, ops=None,
     unknown = set(ops or ()) - set(FUZZED_OPS)
     if unknown:
         raise ValueError(f"cannot fuzz {sorted(unknown)}; ops: {', '.join(FUZZED_OPS)}")
+    _refuse_ops_taking_no_dtype(ops or (), chosen)
     ops = [op for op in (ops or FUZZED_OPS) if hasattr(backend, op)]
     if not ops:
         raise ValueError(f"the backend has none of the ops the fuzzer draws ({', '.join(FUZZED_OPS)})")
+    _refuse_dtypes_no_op_takes(ops, chosen)
     caller = InProcess(backend)
     report = FuzzReport(caller.declaration.name, examples, seed, dtypes=chosen)
     found: list[Failure] = []

@@ -89,11 +89,21 @@ class State:
             self.info = describe(declaration) if declaration else \
                 {"name": self.config.getoption("backend"), "dtypes": [], "policy": {},
                  "versions": {}, "paths": {}}
-            self.expected = expected_for(declaration, self.config.getoption("expected_failures")) \
-                if declaration else ExpectedFailures()
+            self.expected = self._expected(declaration)
             self.log = ResultLog(self.info, self.spec, spec_dir=self.folder.root,
                                  selection=_selection(self.config))
         return self
+
+    def _expected(self, declaration) -> ExpectedFailures:
+        """The backend's expected failures; a file that cannot be read is a usage error."""
+        if not declaration:
+            return ExpectedFailures()
+        try:
+            return expected_for(declaration, self.config.getoption("expected_failures"))
+        except SpecError as exc:
+            self.load_failed = True
+            self.close()
+            raise pytest.UsageError(f"expected failures: {exc}") from None
 
     def _declaration(self, wait: bool):
         if self.backend is not None:
@@ -143,6 +153,7 @@ _SHORT = reprlib.Repr()
 _SHORT.maxlist, _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 16, 4, 200, 200
 
 _STATE = pytest.StashKey["State"]()
+_SESSION = pytest.StashKey[pytest.Session]()
 _COLLECTOR = pytest.StashKey["_Collector"]()
 
 
@@ -199,6 +210,8 @@ def _pytest_file_in_spec(config) -> str | None:
     never run as if fine."""
     folder = SpecFolder.from_option(config.getoption("spec_dir"))
     root, cases = folder.root.resolve(), folder.cases_dir.resolve()
+    if not cases.is_dir():          # no spec there: the loader's error says so
+        return None
     looked = [p for p in (*reversed(cases.parents), cases) if root in (p, *p.parents)]
     found = [Path(config.inipath)] if config.inipath else []
     found += [where / name for where in looked for name in PYTEST_FILES
@@ -371,10 +384,16 @@ class CaseItem(pytest.Item):
         lines += getattr(error, "cause", "").splitlines()
         if self.config.get_verbosity() < 0:
             header = self.header().splitlines()[0]
-            more = f" ({len(lines) - 1} more lines in the report, or rerun without -q)" \
-                if len(lines) > 1 else ""
-            return f"{lines[0]}\n{header}{more}"
+            return f"{lines[0]}\n{header}{self._more_lines(len(lines) - 1)}"
         return lines[0] + "\n" + self.header() + "".join(f"  {line}\n" for line in lines[1:])
+
+    def _more_lines(self, left_out: int) -> str:
+        """Where the lines that -q leaves out are: the report, where --report writes one."""
+        if not left_out:
+            return ""
+        where = "in the report, or rerun without -q" if self.config.getoption("report") \
+            else "left out: rerun without -q"
+        return f" ({left_out} more lines {where})"
 
     def reportinfo(self):
         return self.path, self.case.line - 1, self.test_id
@@ -500,6 +519,10 @@ def _error_record(report) -> dict:
             "traceback": ""}
 
 
+def pytest_sessionstart(session):
+    session.config.stash[_SESSION] = session     # its exit status, should the report fail
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if hasattr(config, "workerinput"):              # an xdist worker: the main process reports
         return
@@ -532,8 +555,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if directory:
         try:
             paths = write_backend_report(state.log, Path(directory))
-        except OSError as exc:
+        except OSError as exc:     # refused before the run, this is a disk full or the like
             terminalreporter.write_line(f"report: NOT WRITTEN: {exc}")
+            terminalreporter.config.stash[_SESSION].exitstatus = pytest.ExitCode.USAGE_ERROR
             return
         terminalreporter.write_line("report: " + ", ".join(str(p) for p in paths))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -34,8 +35,16 @@ def folder_problem(folder) -> str | None:
         return f"{folder} cannot be made: {existing} is not a folder"
     if not existing.is_dir():
         return f"{folder} exists and is not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable"
+    return _unwritable(existing)
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why nothing can be made in folder, found by making (and removing) an empty folder
+    there: permission bits alone miss a read-only file system, and root passes them all."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".attention-conformance-probe-", dir=folder))
+    except OSError as exc:
+        return f"{folder} is not writable ({exc.strerror or exc})"
     return None
 
 

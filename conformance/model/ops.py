@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import shapes
+from .dtypes import FP8_DTYPES
 
 #: the alignments of a causal mask when Lq != Lk (the `causal` param)
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
@@ -112,6 +113,17 @@ OPS: dict[str, Op] = {op.name: op for op in (
 
 def op(name: str) -> Op:
     return OPS[name]
+
+
+def takes_dtype(name: str, dtype: str) -> bool:
+    """Whether a case of op `name` may have this dtype: a plain dtype any op; an fp8 one
+    only an op that takes descale factors (DESCALES), by which its inputs are dequantized."""
+    return dtype not in FP8_DTYPES or DESCALES[0] in OPS[name].inputs
+
+
+def ops_taking(dtype: str, among=None) -> tuple[str, ...]:
+    """The ops (of `among`, default every op) a case of this dtype may have."""
+    return tuple(name for name in (OPS if among is None else among) if takes_dtype(name, dtype))
 
 
 def outputs_for(name: str, inputs) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ def summary_lines(log) -> list[str]:
              f"(of {data['cases']}) in spec {data['spec_hash']}"]
     shown = [c for c in _COLUMNS if c not in ("timeout", "crash", "error") or totals.get(c)]
     lines.append("  " + ", ".join(f"{totals.get(c, 0)} {c}" for c in shown))
+    lines += _spec_problem_lines(data.get("spec_problems", []))
     worst = data["worst_error_over_tolerance"]
     if worst:
         lines.append("  worst error / tolerance: " +
@@ -52,6 +53,19 @@ def summary_lines(log) -> list[str]:
                      ", ".join(f"{k}={v}" for k, v in sorted(rule["policy"].items())))
     for dtype, why in sorted(data["backend"].get("dtype_notes", {}).items()):
         lines.append(f"  {dtype} left out: {why}")
+    return lines
+
+
+#: spec problems printed at the end of a run (the report lists every one)
+SHOWN_PROBLEMS = 5
+
+
+def _spec_problem_lines(problems: list[str]) -> list[str]:
+    """The spec's own problems, not the backend's: no case of theirs ran."""
+    lines = [f"  spec problem (no test of it ran): {p}" for p in problems[:SHOWN_PROBLEMS]]
+    if len(problems) > SHOWN_PROBLEMS:
+        lines.append(f"  and {len(problems) - SHOWN_PROBLEMS} more spec problems (the report, "
+                     "or attention-conformance validate, lists them)")
     return lines
 
 
@@ -128,6 +142,7 @@ def backend_markdown(data: dict) -> str:
            + (f"; {data['platform']}" if data.get("platform") else "") + ".", "",
            f"Declared dtypes: {', '.join(b.get('dtypes', [])) or 'none'}.", ""]
     out += _incomplete(data)
+    out += _spec_problems(data)
     out += ["## Totals", ""]
     out += _table(("", *_HEADINGS), [("all", *(data["totals"].get(c, 0) for c in _COLUMNS))])
     for key, title in (("by_topic", "topic"), ("by_dtype", "dtype")):
@@ -186,6 +201,20 @@ def _incomplete(data: dict) -> list[str]:
                                               else "") + f"{len(never)} selected tests never ran"
            + (":" if never else "."), ""]
     return out + [f"- `{test_id}`" for test_id in never] + ([""] if never else [])
+
+
+def _spec_problems(data: dict) -> list[str]:
+    """Problems of the spec itself, each with its file and line: the cases they concern
+    did not run, on this backend or any other."""
+    problems = data.get("spec_problems", [])
+    if not problems:
+        return []
+    return ["## Spec problems", "", "Problems of the spec, not of the backend: no test of "
+            "these did run.", "", *(f"- {_escaped(p)}" for p in problems), ""]
+
+
+def _escaped(text: str) -> str:
+    return "".join("\\" + c if c in "\\`*_[]<>|#" else c for c in text)
 
 
 def _failures(results: list[dict]) -> list[str]:
@@ -269,7 +298,10 @@ def _totals_row(r: dict) -> tuple:
     counts = r["totals"]
     cells = [Cell(counts.get(c, 0), "bad" if c in FAILING and counts.get(c) else "")
              for c in _COLUMNS]
-    return (r["backend"]["name"], _cell(counts), *cells, r["spec_hash"])
+    problems = r.get("spec_errors", 0)
+    spec = Cell(f"{r['spec_hash']}, {problems} spec problems", "bad") if problems \
+        else r["spec_hash"]
+    return (r["backend"]["name"], _cell(counts), *cells, spec)
 
 
 def _matrix_tables(results: list[dict]) -> list[tuple[str, str, tuple, list]]:

@@ -123,6 +123,7 @@ class ResultLog:
             "profile_cases": profile_counts(self.spec.cases,
                                             self.selection.get("profile") or "quick")[0],
             "spec_errors": len(getattr(self.spec, "errors", ())),
+            "spec_problems": [str(e) for e in getattr(self.spec, "errors", ())],
             "selection": self.selection,
             "complete": not self.interrupted and not self.not_run,
             "interrupted": self.interrupted,

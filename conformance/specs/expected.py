@@ -98,10 +98,23 @@ def _entry(raw, path) -> Entry:
                  bool(raw.get("strict", True)), str(raw.get("message", "")))
 
 
+_FILE_KEYS = {"backend", "entries"}
+
+
 def load_expected(path: Path) -> ExpectedFailures:
-    data = parse_yaml(path.read_text(encoding="utf-8"), str(path))
+    """An expected-failures file's entries; any problem is a SpecError naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(path, 0, None, "cannot read this expected-failures file: "
+                        f"{getattr(exc, 'strerror', None) or exc}") from None
+    data = parse_yaml(text, str(path))
     if not isinstance(data, dict) or not isinstance(data.get("entries", []), list):
         raise SpecError(path, 1, None, "an expected-failures file is a mapping with 'entries'")
+    unknown = set(data) - _FILE_KEYS
+    if unknown:
+        raise SpecError(path, 1, None, f"unknown key(s) {', '.join(sorted(map(str, unknown)))} "
+                        f"(known: {', '.join(sorted(_FILE_KEYS))})")
     entries = []
     for raw in data.get("entries") or []:
         entries.append(_entry(raw, path))

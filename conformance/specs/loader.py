@@ -201,9 +201,13 @@ def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
     known_dtypes, errors = _tolerance_dtypes(tolerances, tolerance_name)
     if known_dtypes is None:            # without the rule no case can be checked
         return Spec([], errors)
+    misnamed = sorted(cases_dir.glob("*.yml"))
     errors += [SpecError(_file_name(p, root), 0, None, f"case files end in .yaml: this file "
                                                        f"is not loaded (rename it {p.stem}.yaml)")
-               for p in sorted(cases_dir.glob("*.yml"))]
+               for p in misnamed]
+    if not misnamed and not any(cases_dir.glob("*.yaml")):
+        return Spec([], errors + [SpecError(cases_dir, 0, None,
+                                            "no case files (*.yaml) in this folder")])
     spec, seen = Spec([], errors), {}
     for path in sorted(cases_dir.glob("*.yaml")):
         if path.is_symlink() or not path.is_file():

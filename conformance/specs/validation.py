@@ -23,7 +23,7 @@ from ..model.indexing import parse_index, split_target
 from ..golden.inputs import build_inputs, planned_shapes
 from ..golden.blocks import UNBLOCKED_PARAMS
 from ..golden.sampled import OPS as SAMPLED_OPS
-from ..model.ops import OPS, output_shapes
+from ..model.ops import OPS, ops_taking, output_shapes, takes_dtype
 from ..model.shapes import score_shape
 from ..model.policies import CONVENTION_POLICIES, POLICIES, TOLERANCE_POLICIES
 from ..model.sharding import case_problems as sharding_problems
@@ -79,10 +79,10 @@ def _check_names(case) -> list[str]:
     for name in op.required_params:
         if name not in case.params:
             problems.append(f"{case.op} needs param {name!r}")
-    fp8 = [d for d in case.dtypes if d in FP8_DTYPES]
-    if fp8 and "q_descale" not in op.inputs:
-        problems.append(f"dtype {fp8[0]} is for the ops that take descale factors (sdpa,"
-                        f" paged_sdpa), not {case.op}")
+    refused = [d for d in case.dtypes if not takes_dtype(case.op, d)]
+    if refused:
+        problems.append(f"dtype {refused[0]} is for the ops that take descale factors "
+                        f"({', '.join(ops_taking(refused[0]))}), not {case.op}")
     wide = [d for d in case.dtypes if d not in FP8_DTYPES]
     if "o_scale" in case.params and wide:
         problems.append(f"param o_scale writes the output in the case's fp8 format: dtype "

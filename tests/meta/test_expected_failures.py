@@ -215,11 +215,40 @@ def test_an_unknown_key_or_a_missing_reason_is_refused(tmp_path):
     from attention_conformance.specs.yaml_reader import SpecError
 
     for text, words in (('entries:\n  - {match: "*", reason: "r", op: [sdpa]}\n', "unknown key(s) op"),
-                        ('entries:\n  - {match: "*", reason: ""}\n', "non-empty 'reason'")):
+                        ('entries:\n  - {match: "*", reason: ""}\n', "non-empty 'reason'"),
+                        ('colour: red\nentries: []\n', "bad.yaml:1: unknown key(s) colour")):
         path = tmp_path / "bad.yaml"
         path.write_text(text)
         with pytest.raises(SpecError, match=re.escape(words)):
             load_expected(path)
+    with pytest.raises(SpecError, match="nosuch.yaml: cannot read this expected-failures file"):
+        load_expected(tmp_path / "nosuch.yaml")
+
+
+@pytest.mark.parametrize("text, words", [
+    (None, ": cannot read this expected-failures file: No such file or directory"),
+    ("entries: [oops\n", ":2: invalid YAML"),
+    ("entries:\n  - {match: x, reason: y, colour: red}\n", ":2: unknown key(s) colour")])
+@pytest.mark.parametrize("whose", ["given", "own"])
+def test_a_bad_expected_failures_file_is_one_usage_error(tmp_path, text, words, whose):
+    """Never an INTERNALERROR: a file given with --expected-failures, or an adapter's own,
+    that cannot be read is one line naming it, its line and the problem; no test runs."""
+    path = tmp_path / ("nosuch.yaml" if text is None else "expected.yaml")
+    if text is not None:
+        path.write_text(text)
+    own = f"    expected_failures_file = {str(path)!r}\n" if whose == "own" else ""
+    (tmp_path / "adapter.py").write_text(ADAPTER + own)
+    given = ["--expected-failures", str(path)] if whose == "given" else []
+    cases = small_spec(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "pytest", str(cases), "--spec-dir", str(cases),
+                           "-p", "no:cacheprovider", "--backend",
+                           f"{tmp_path / 'adapter.py'}:SkipsScale", *given],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith(f"ERROR: expected failures: {path}{words}"), \
+        done.stderr
+    assert "INTERNALERROR" not in done.stdout + done.stderr and " passed" not in done.stdout
 
 
 # --- a whole run ------------------------------------------------------------------------

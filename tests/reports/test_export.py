@@ -509,6 +509,12 @@ def test_export_refuses_an_unknown_case(tmp_path, capsys):
     assert result.returncode == 2 and "no-such-case" in result.stderr
 
 
+def test_export_of_an_unknown_topic_names_the_known_ones(tiny, tmp_path, capsys):
+    result = run(capsys, "--spec-dir", tiny, "export", tmp_path / "x", "--topic", "nosuch")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == ["no case selected: no topic nosuch (topics: tiny)"]
+
+
 @pytest.mark.parametrize("fmt", ["npz", "json"])
 def test_the_reader_takes_nan_only_where_the_export_allows_it(tmp_path, fmt):
     """dq of a NaN stored in a masked key: NaN passes at the export's nan_allowed positions

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 
@@ -10,7 +11,8 @@ import pytest
 
 from _cli_support import adapter, cli, make_spec, run
 from attention_conformance.golden.store import write_manifest, write_npz
-from attention_conformance.model.files import FileRefused, write_file
+from attention_conformance.model import files
+from attention_conformance.model.files import FileRefused, folder_problem, write_file
 from attention_conformance.model.policies import POLICIES
 from attention_conformance.reports.results import FORMAT, spec_hash
 
@@ -59,7 +61,7 @@ def test_a_passing_backend_report(reports):
     assert data["by_topic_dtype"]["tiny"]["float64"] == {"pass": 6}
     assert {"python", "suite", "numpy"} <= set(data["versions"])
     assert data["spec_hash"] == spec_hash(cases.parent)
-    assert data["cases"] == 5 and data["spec_errors"] == 0
+    assert data["cases"] == 5 and data["spec_errors"] == 0 and data["spec_problems"] == []
     assert set(data["policies"]) == set(POLICIES)
     assert data["policies"]["fully_masked_rows"]["choice"] == "zeros"
     assert data["selection"]["profile"] == "quick"
@@ -122,6 +124,17 @@ def test_the_report_holds_every_line_the_terminal_leaves_out(backend, options, t
     if backend == "RaisingSoftmax":
         assert more and "in _kernel" in block
         assert ("in _kernel" in failure["traceback"]) == ("--in-process" in options)
+
+def test_without_a_report_q_says_only_to_rerun_without_it(tmp_path):
+    """With no --report there is no report to read the lines -q leaves out in: the hint
+    said "(N more lines in the report, or rerun without -q)" all the same."""
+    cases = make_spec(tmp_path)
+    run = cli("--spec-dir", cases, "certify", adapter("RaisingSoftmax"), "-q",
+              "-p", "no:cacheprovider", "-k", "softmax", "--dtype", "float32")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "in the report" not in run.stdout, run.stdout
+    assert re.search(r"\(\d+ more lines left out: rerun without -q\)", run.stdout), run.stdout
+
 
 def test_the_markdown_report_lists_each_backend_process_replaced(reports):
     """Each test that started a fresh backend process, and why (the JSON's `replaced`)."""
@@ -266,6 +279,71 @@ def test_the_plugin_refuses_an_unusable_report_folder_before_the_run(tmp_path, k
     errors = [line for line in result.errlines if line.strip()]
     assert len(errors) == 1 and errors[0].startswith(f"ERROR: --report {directory}: "), errors
     assert words in errors[0] and "passed" not in result.stdout.str()
+
+
+def test_a_spec_problem_is_named_in_the_summary_the_report_and_the_matrix(tmp_path, capsys):
+    """A broken case file is the spec's problem, not the backend's: its file, line and
+    message are printed at the end of the run, listed in the report, and the matrix's
+    spec cell says the spec had problems (all green otherwise)."""
+    cases = make_spec(tmp_path)
+    (cases / "zz_broken.yaml").write_text("cases:\n  - id: x\n    op: sdpa\n"
+                                          "    description: [oops\n")
+    out = tmp_path / "reports"
+    done = cli("--spec-dir", cases, "certify", "numpy", "--report", out, "-q", "-k", "not x")
+    data = _load(out, "numpy")
+    assert data["spec_errors"] == 1 and len(data["spec_problems"]) == 1
+    assert data["spec_problems"][0].endswith(
+        "zz_broken.yaml:5: case 'x': invalid YAML: did not find expected ',' or ']' (while "
+        "parsing a flow sequence)"), data["spec_problems"]
+    assert f"  spec problem (no test of it ran): {data['spec_problems'][0]}" in done.stdout
+    page = (out / "numpy.md").read_text()
+    assert "## Spec problems" in page and "zz\\_broken.yaml:5: case 'x': invalid YAML" in page
+    assert run(capsys, "report", out).returncode == 0
+    assert f"| {data['spec_hash']}, 1 spec problems |" in (out / "matrix.md").read_text()
+
+
+def test_a_folder_where_nothing_can_be_made_is_refused_whatever_its_bits_say(tmp_path,
+                                                                            monkeypatch):
+    """A read-only file system, or root's view of /sys: the folder is probed by making
+    (and removing) an empty folder in it, not judged by its permission bits."""
+    assert folder_problem(tmp_path / "reports") is None and not list(tmp_path.iterdir())
+
+    def read_only(**kw):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(files.tempfile, "mkdtemp", read_only)
+    assert folder_problem(tmp_path / "reports") == \
+        f"{tmp_path} is not writable (Read-only file system)"
+
+
+FILLS_THE_REPORTS_PLACE = """
+import os
+
+from attention_conformance.backends.numpy import NumpyBackend
+
+
+class FillsTheReportsPlace(NumpyBackend):
+    \"\"\"Makes a file where the run's report folder is to be, once the run has begun.\"\"\"
+
+    def softmax(self, x, **kw):
+        folder = os.environ["REPORT_UNDER_TEST"]
+        if not os.path.exists(folder):
+            open(folder, "w").close()
+        return super().softmax(x, **kw)
+"""
+
+
+def test_a_report_that_cannot_be_written_after_the_run_fails_the_run(tmp_path):
+    """Refused before the run, a folder can still go (a disk full, a file made in its
+    place): the run says NOT WRITTEN and exits 4, so that no CI passes without a report."""
+    cases = make_spec(tmp_path)
+    (tmp_path / "fills.py").write_text(FILLS_THE_REPORTS_PLACE)
+    directory = tmp_path / "reports"
+    result = cli("--spec-dir", cases, "certify", f"{tmp_path / 'fills.py'}:FillsTheReportsPlace",
+                 "--report", directory, "-q", env={"REPORT_UNDER_TEST": str(directory)})
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert f"report: NOT WRITTEN: {directory} exists and is not a folder" in result.stdout
+    assert " passed" in result.stdout and directory.is_file()
 
 
 #: the writers of the other files the suite makes, each -> the file it wrote

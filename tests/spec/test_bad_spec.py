@@ -7,6 +7,7 @@ objects are refused before anything runs.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _cli_support import cli
 from attention_conformance.specs import yaml_reader
 from attention_conformance.specs.loader import load_spec
 from attention_conformance.specs.yaml_reader import MAX_FILE_BYTES
@@ -657,6 +659,38 @@ def test_validate_and_the_plugin_give_a_broken_tolerances_file_one_line(spec_dir
     errors = [line for line in result.errlines if line.strip()]
     assert errors == [f"ERROR: {spec_dir.resolve() / 'tolerances.yaml'}:3: dtypes maps each "
                       "dtype to {unit_roundoff: NUMBER}"], errors
+
+
+def test_an_empty_cases_folder_is_one_problem_naming_it(tmp_path, pytester, capsys):
+    """A folder with no case file ran nothing ('no tests ran', exit 5) and validated as
+    0 cases with no problem; it is refused as a missing folder is, in one line."""
+    from attention_conformance.cli import main
+
+    empty = tmp_path / "spec" / "cases"
+    empty.mkdir(parents=True)
+    assert [str(e) for e in load_spec(empty).errors] == \
+        [f"{empty}: no case files (*.yaml) in this folder"]
+    assert main(["--spec-dir", str(empty), "validate"]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == \
+        f"{empty}: no case files (*.yaml) in this folder"
+    result = pytester.runpytest_inprocess(str(empty), "--backend", "numpy", "--spec-dir",
+                                          str(empty), "-q", "-p", "no:cacheprovider",
+                                          "-p", "no:hypothesispytest")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.strip()]
+    assert errors == [f"ERROR: {empty}: no case files (*.yaml) in this folder"], errors
+    (empty / "old.yml").write_text("topic: old\ncases: []\n")   # a misnamed file: its hint
+    assert [e.message for e in load_spec(empty).errors] == \
+        ["case files end in .yaml: this file is not loaded (rename it old.yaml)"]
+
+
+def test_certify_refuses_a_missing_folder_at_the_root_with_one_line():
+    """Its parent is / (where certify's settings file, /dev/null, lies): still the one
+    true line, not a complaint about pytest settings inside the spec."""
+    missing = f"/attention-conformance-no-such-spec-{os.getpid()}"
+    result = cli("certify", "numpy", "--spec-dir", missing, "-q")
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert result.stderr.strip() == f"ERROR: {missing}: no such folder of case files"
 
 
 def test_the_plugin_refuses_a_missing_cases_folder_with_one_line(tmp_path, pytester):

@@ -122,6 +122,44 @@ def test_certify_builds_the_pytest_command_line():
     assert str(Path("x/cases").resolve()) in argv
 
 
+@pytest.mark.parametrize("option", [["-n", "2"], ["-nauto"], ["--numprocesses=2"],
+                                    ["--", "--dist", "load"]])
+def test_certify_refuses_xdist_options_without_xdist_in_one_line(option, capsys, monkeypatch):
+    """pytest-xdist is the test extra's, not the package's: without it `certify -n 2`
+    is refused in one line that says how to install it (pytest said `unrecognized
+    arguments: -n 2` and `inifile: /dev/null`); with it, -n reaches pytest."""
+    import attention_conformance.cli as cli_module
+
+    assert cli_module._xdist_installed()                  # the test extra installs it
+    assert cli_module.xdist_problem(option[-2:]) is None
+    monkeypatch.setattr(cli_module, "_xdist_installed", lambda: False)
+    refused = run(capsys, "certify", "numpy", *option)
+    assert refused.returncode == 4 and refused.stdout == "", refused.stdout
+    line, = refused.stderr.splitlines()
+    flag = option[1] if option[0] == "--" else option[0]
+    assert line == (f"ERROR: {flag} needs pytest-xdist, which is not installed: "
+                    "pip install pytest-xdist"), line
+    assert cli_module.xdist_problem(["--noconftest", "--junitxml", "j.xml"]) is None
+
+
+def test_certify_help_says_that_n_needs_pytest_xdist(capsys):
+    help_text = " ".join(run(capsys, "certify", "--help").stdout.split())
+    assert "-n 2 with pytest-xdist installed: pip install pytest-xdist" in help_text
+
+
+def test_certify_refuses_a_missing_or_empty_cases_folder_in_one_line(tmp_path):
+    """An empty folder ran nothing ('no tests ran', exit 5) without saying why; a
+    missing one got pytest's "Directory ... not found. Check your '--rootdir' option"."""
+    empty = tmp_path / "spec" / "cases"
+    empty.mkdir(parents=True)
+    (empty / "notes.txt").write_text("not a case file")
+    for folder, why in ((empty, "no case files (*.yaml) in this folder"),
+                        (tmp_path / "nowhere" / "cases", "no such folder of case files")):
+        result = cli("--spec-dir", folder, "certify", "numpy", "-q")
+        assert result.returncode == 4, result.stdout + result.stderr
+        assert result.stderr.strip() == f"ERROR: {folder}: {why}", result.stderr
+
+
 def test_other_commands_refuse_unknown_options(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["list", "--frobnicate"])
@@ -164,9 +202,10 @@ def test_the_cli_page_names_every_built_in_backend():
 
 
 def test_the_readme_shows_the_installed_path_first():
-    """The README's first commands install the package and run it, before any checkout."""
+    """The README's first commands install the package from a fresh clone (not editable:
+    the package is on no public index) and run it, before any development install."""
     text = (ROOT / "README.md").read_text()
     first = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
-    assert first.splitlines()[0].startswith("pip install attention-conformance")
+    assert first.splitlines()[0].startswith("pip install . ")
     assert "attention-conformance certify numpy" in first
-    assert text.index("pip install attention-conformance") < text.index("pip install -e")
+    assert text.index("pip install . ") < text.index("pip install -e")

@@ -12,9 +12,13 @@ pytest.importorskip("hypothesis")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from _cli_support import adapter, cli, run  # noqa: E402
+from _cli_support import ROOT, adapter, cli, run  # noqa: E402
 from attention_conformance.backends.numpy import NumpyBackend  # noqa: E402
-from attention_conformance.fuzz import case_strategy, fuzz, has_empty_rows, load_document  # noqa: E402
+from attention_conformance.cli import build_parser  # noqa: E402
+from attention_conformance.fuzz import (FUZZED_OPS, case_strategy, fuzz, has_empty_rows,  # noqa: E402
+                                        load_document)
+from attention_conformance.model.dtypes import FP8_DTYPES, PLAIN_DTYPES  # noqa: E402
+from attention_conformance.model.ops import takes_dtype  # noqa: E402
 from attention_conformance.backend.resolve import load_backend  # noqa: E402
 from attention_conformance.specs.loader import load_spec  # noqa: E402
 
@@ -27,6 +31,51 @@ def test_every_drawn_case_is_a_valid_spec_case(doc, tmp_path):
     assert case.id.startswith("fuzz-") and len(case.dtypes) == 1
     empty = has_empty_rows(doc["inputs"], doc.get("params", {}))
     assert ("policy" in case.expect) == empty
+
+
+@settings(max_examples=25, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(doc=case_strategy(FUZZED_OPS, FP8_DTYPES + PLAIN_DTYPES[:1]))
+def test_an_fp8_dtype_is_drawn_only_with_an_op_that_takes_it(doc, tmp_path):
+    """The op table says which ops take an fp8 dtype (those with descale factors): the
+    fuzzer pairs such a dtype with those only, and every op with the plain dtype."""
+    case = load_document(doc, tmp_path)
+    assert takes_dtype(case.op, case.dtypes[0]), (case.op, case.dtypes)
+
+
+def test_an_fp8_dtype_fuzzes_the_ops_that_take_it_and_refuses_the_others(capsys):
+    """`--dtype float8_e5m2` without --op draws sdpa only (it drew attention_weights and
+    stopped on FuzzError); an --op that cannot take the dtype is a usage error in one line."""
+    seen = collections.Counter()
+
+    class Ops(NumpyBackend):
+        def sdpa(self, q, k, v, **kw):
+            seen[f"sdpa {q.dtype}"] += 1
+            return super().sdpa(q, k, v, **kw)
+
+    report = fuzz(Ops(), examples=8, dtypes=["float8_e5m2"])
+    assert report.failure is None and report.passed == 8 and seen == {"sdpa float8_e5m2": 8}
+    assert run(capsys, "fuzz", "numpy", "--dtype", "float8_e5m2", "--examples", "3",
+               "-q").returncode == 0
+    for dtypes in (["float8_e5m2"], ["float8_e5m2", "float32"]):
+        refused = run(capsys, "fuzz", "numpy", "--op", "attention_weights",
+                      *[w for d in dtypes for w in ("--dtype", d)])
+        assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+        line, = refused.stderr.splitlines()
+        assert "attention_weights" in line and "float8_e5m2" in line and "sdpa" in line, line
+
+
+def test_the_op_help_and_the_docs_name_every_fuzzed_op():
+    """--op's help lists its choices, not a count of them; so does docs/cli.md."""
+    fuzz_parser = build_parser()._subparsers._group_actions[0].choices["fuzz"]
+    op = next(a for a in fuzz_parser._actions if "--op" in a.option_strings)
+    assert list(op.choices) == list(FUZZED_OPS)
+    assert all(name in op.help for name in FUZZED_OPS) and "three" not in op.help
+    page = (ROOT / "docs" / "cli.md").read_text()
+    synopsis = page.split("attention-conformance fuzz BACKEND")[1].split("```")[0]
+    assert "[--op " + "|".join(FUZZED_OPS) + "]..." in synopsis, synopsis
+    fuzzing = page.split("## Fuzzing")[1].split("shapes")[0]
+    assert all(f"`{name}`" in fuzzing for name in FUZZED_OPS), fuzzing
 
 
 class Recorder(NumpyBackend):
