@@ -59,6 +59,7 @@ import numpy as np
 
 from . import _jax_cores as cores
 from . import rules
+from ._signature import signed
 
 DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 
@@ -144,7 +145,7 @@ def _with_heads(method):
             return tuple(np.squeeze(r, axis=-3) for r in result)
         return np.squeeze(result, axis=-3)
     wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
-    return wrapper
+    return signed(wrapper, method)
 
 
 # ----------------------------------------------------------------------- backend
