@@ -33,7 +33,7 @@ from .model.tolerances import TolerancesError
 from .process.judge_proxy import JudgeProxy
 from .process.protocol import JudgeOptions
 from .reports.markdown import report_problem, summary_lines, write_backend_report
-from .reports.results import ResultLog, record_for
+from .reports.results import FAILING, ResultLog, record_for
 from .specs.expected import ExpectedFailures, expected_for
 from .specs.loader import SpecError, load_spec
 
@@ -351,12 +351,22 @@ class CaseItem(pytest.Item):
 
     def _record(self, status, message, seconds, ratio=0.0, traceback=""):
         """Kept on the item; pytest_runtest_makereport puts it on the test report, so
-        that it reaches the results log in the main process, with or without xdist."""
+        that it reaches the results log in the main process, with or without xdist. A
+        failure's message is the text the terminal shows (the traceback kept apart)."""
+        if status in FAILING:
+            message = "\n".join(self.failure_lines(message))
         self.conformance_record = record_for(self, status, message, seconds, ratio, traceback)
         if getattr(self, "replaced", ""):
             self.conformance_record["replaced"] = self.replaced
 
-    def header(self) -> str:
+    def header(self) -> list[str]:
+        """The test, the case (its file and line) and its op with the shapes of its
+        inputs: the lines under a failure's reason (built once: a large case's inputs)."""
+        if getattr(self, "_header", None) is None:
+            self._header = self._header_lines()
+        return self._header
+
+    def _header_lines(self) -> list[str]:
         state = _declared(self.config)
         try:
             shapes = ", ".join(f"{n} {tuple(a.shape)}" for n, a in
@@ -364,14 +374,21 @@ class CaseItem(pytest.Item):
         except Exception:
             shapes = "(inputs could not be built)"
         params = ", ".join(f"{k}={_SHORT.repr(v)}" for k, v in self.case.params.items()) or "none"
-        return (f"  test:   {self.test_id} on backend {state.info['name']!r}, dtype {self.dtype}\n"
-                f"  case:   {printable(self.case.description)} ({self.case.where()})\n"
-                f"  op:     {self.case.op}; inputs: {shapes}; params: {params}\n")
+        return [f"  test:   {self.test_id} on backend {state.info['name']!r}, dtype {self.dtype}",
+                f"  case:   {printable(self.case.description)} ({self.case.where()})",
+                f"  op:     {self.case.op}; inputs: {shapes}; params: {params}"]
+
+    def failure_lines(self, message: str, cause: str = "") -> list[str]:
+        """Every line of a failure, as the terminal shows it and the report keeps it: the
+        reason (pytest's short summary shows that line), the test, the case and its op,
+        then every other line of the message and the traceback behind it."""
+        lines = message.rstrip().splitlines() or ["(no message)"]
+        rest = lines[1:] + cause.splitlines()
+        return [lines[0], *self.header(), *(f"  {line}" for line in rest)]
 
     def repr_failure(self, excinfo):
-        """The reason first (pytest's short summary shows that line), then the test, the
-        case and its op, then every other broken expectation; at -q only the reason and
-        the test, the rest being in the report."""
+        """A failure's lines (failure_lines); at -q only the reason and the test, with how
+        many lines are left out (the report holds them)."""
         error = excinfo.value
         if isinstance(error, pytest.xfail.Exception):
             # an expected failure: its reason is the message; rendering the traceback
@@ -379,13 +396,12 @@ class CaseItem(pytest.Item):
             return str(error)
         if not isinstance(error, (CheckFailure, CaseTimeout)):
             detail = f"the suite failed on this case: {type(error).__name__}: {error}"
-            return detail + "\n" + self.header() + str(excinfo.getrepr(style="short"))
-        lines = str(error).rstrip().splitlines() or ["(no message)"]
-        lines += getattr(error, "cause", "").splitlines()
+            return "\n".join(self.failure_lines(detail)) + "\n" + \
+                str(excinfo.getrepr(style="short"))
+        lines = self.failure_lines(str(error), getattr(error, "cause", ""))
         if self.config.get_verbosity() < 0:
-            header = self.header().splitlines()[0]
-            return f"{lines[0]}\n{header}{self._more_lines(len(lines) - 1)}"
-        return lines[0] + "\n" + self.header() + "".join(f"  {line}\n" for line in lines[1:])
+            return f"{lines[0]}\n{lines[1]}{self._more_lines(len(lines) - 2)}"
+        return "\n".join(lines) + "\n"
 
     def _more_lines(self, left_out: int) -> str:
         """Where the lines that -q leaves out are: the report, where --report writes one."""

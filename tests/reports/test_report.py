@@ -105,9 +105,10 @@ def test_expected_failures_and_stale_entries(reports):
 @pytest.mark.parametrize("backend, options", [
     ("WrongDefaultScale", ()), ("RaisingSoftmax", ()), ("RaisingSoftmax", ("--in-process",))])
 def test_the_report_holds_every_line_the_terminal_leaves_out(backend, options, tmp_path):
-    """At -q a failure prints its first line and "(N more lines in the report ...)": the
-    Markdown report holds those N + 1 lines, the JSON the message and the traceback
-    (isolated, the backend's traceback is in the message; in-process, in `traceback`)."""
+    """At -q a failure prints its reason, its `test:` line and "(N more lines in the
+    report ...)": the Markdown report holds those N + 2 lines, the JSON the message and
+    the traceback (isolated, the backend's traceback is in the message; in-process, in
+    `traceback`). N counted neither the `case:` nor the `op:` line."""
     cases = make_spec(tmp_path)
     run = cli("--spec-dir", cases, "certify", adapter(backend), "--report", tmp_path / "r",
               "-q", "-p", "no:cacheprovider", "-k", "default-scale or softmax",
@@ -117,13 +118,45 @@ def test_the_report_holds_every_line_the_terminal_leaves_out(backend, options, t
     data = json.loads(next((tmp_path / "r").glob("*.json")).read_text())
     failure = next(r for r in data["results"] if r["status"] == "fail")
     lines = (failure["message"].rstrip() + "\n" + failure["traceback"]).strip().splitlines()
-    assert len(lines) == (int(more.group(1)) if more else 0) + 1, (more, lines)
+    assert len(lines) == (int(more.group(1)) if more else 0) + 2, (more, lines)
     md = next((tmp_path / "r").glob("*.md")).read_text()
     block = md.split(f"### `{failure['id']}` (fail)\n\n```text\n")[1].split("\n```")[0]
     assert block.splitlines() == lines
     if backend == "RaisingSoftmax":
         assert more and "in _kernel" in block
         assert ("in _kernel" in failure["traceback"]) == ("--in-process" in options)
+
+
+def _terminal_failure(stdout: str, test_id: str) -> list[str]:
+    """The lines pytest prints under a failure's `____ TEST-ID ____` heading."""
+    heading = re.compile(r"_+ " + re.escape(test_id) + " _+")
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if heading.fullmatch(line)) + 1
+    end = next(i for i in range(start, len(lines)) if not lines[i].strip()
+               or lines[i].startswith(("____", "====")))
+    return lines[start:end]
+
+
+def test_the_report_holds_every_line_the_terminal_shows(tmp_path):
+    """Without -q a failure prints its reason, then the test, the case with its file and
+    line, the op with its inputs' shapes, then every other line: the JSON's message and
+    the Markdown's block hold those very lines (they held the reason and the other lines,
+    never the test, case and op)."""
+    cases = make_spec(tmp_path)
+    run = cli("--spec-dir", cases, "certify", adapter("WrongDefaultScale"), "--report",
+              tmp_path / "r", "-p", "no:cacheprovider", "-k", "default-scale",
+              "--dtype", "float32")
+    assert run.returncode == 1, run.stdout + run.stderr
+    data = json.loads(next((tmp_path / "r").glob("*.json")).read_text())
+    failure = next(r for r in data["results"] if r["status"] == "fail")
+    shown = _terminal_failure(run.stdout, failure["id"])
+    assert [line.split(":")[0].strip() for line in shown[1:4]] == ["test", "case", "op"]
+    assert "tiny.yaml:" in shown[2] and "inputs: q (" in shown[3], shown
+    assert failure["message"].splitlines() == shown
+    md = next((tmp_path / "r").glob("*.md")).read_text()
+    block = md.split(f"### `{failure['id']}` (fail)\n\n```text\n")[1].split("\n```")[0]
+    assert block.splitlines() == shown
+
 
 def test_without_a_report_q_says_only_to_rerun_without_it(tmp_path):
     """With no --report there is no report to read the lines -q leaves out in: the hint
