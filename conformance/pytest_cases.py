@@ -344,7 +344,7 @@ class CaseItem(pytest.Item):
         entry = _declared(self.config).expected.find_by_message(
             self.test_id, self.case.op, self.dtype, message)
         if entry is not None:
-            self.expected_reason = entry.reason
+            self.expected_entry = entry
         self._record(status, message, seconds, traceback=traceback)
         if entry is not None:
             pytest.xfail(f"{entry.reason} [{message.splitlines()[0][:200]}]")
@@ -429,7 +429,7 @@ def pytest_collection_modifyitems(session, config, items):
             if entry:
                 item.add_marker(pytest.mark.xfail(reason=entry.reason, strict=entry.strict,
                                                   raises=(CheckFailure, CaseTimeout)))
-                item.expected_reason = entry.reason
+                item.expected_entry = entry
     if _whole_run(config):
         for entry in state.expected.unused():
             if not entry.message:

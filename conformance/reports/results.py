@@ -52,17 +52,30 @@ def spec_hash(spec_dir: Path) -> str:
 
 def record_for(item, status, message, seconds, ratio=0.0, traceback="") -> dict:
     """One test's entry of a report (plain data, so that it survives pytest-xdist);
-    traceback: the frames behind a failure, kept whole (the message keeps every line too)."""
-    expected = getattr(item, "expected_reason", None)
-    if expected is not None:
+    traceback: the frames behind a failure, kept whole (the message keeps every line too).
+    A test an expected-failure entry names (item.expected_entry) is xfail when it fails,
+    xpass when it passes."""
+    entry = getattr(item, "expected_entry", None)
+    if entry is not None:
         status = {"fail": "xfail", "pass": "xpass"}.get(status, status)
     return {
         "id": item.test_id, "topic": item.case.topic, "case": item.case.id,
         "variant": item.variant.label, "dtype": item.dtype, "status": status,
-        "message": message if status != "xfail" else f"{expected}\n{message}",
+        "message": _expected_message(status, message, entry),
         "seconds": round(seconds, 6), "error_over_tolerance": float(ratio),
         "traceback": traceback,
     }
+
+
+def _expected_message(status, message, entry) -> str:
+    """An expected failure's message: the entry's reason, then the failure's; an
+    unexpected pass's: the entry that went stale (its pattern, file:line and reason)."""
+    if status == "xfail":
+        return f"{entry.reason}\n{message}"
+    if status == "xpass":
+        return (f"unexpected pass: the expected failure {entry.match!r} ({entry.where}) "
+                f"no longer fails; its reason: {entry.reason}")
+    return message
 
 
 @dataclass

@@ -101,6 +101,22 @@ def test_expected_failures_and_stale_entries(reports):
     assert "(expected failure): the default scale is 1/d_k" in md
 
 
+def test_an_unexpected_pass_names_the_stale_entry(reports):
+    """The terminal says `[XPASS(strict)] REASON`: the report says which entry went
+    stale, where it is and why it was there (its message and Markdown were empty)."""
+    cases, out, runs = reports
+    stale = next(r for r in _load(out, "bad-scale")["results"] if r["status"] == "xpass")
+    entry_line = EXPECTED.splitlines().index('  - match: "tiny/tiny-softmax[float64]"') + 1
+    where = f"{cases.parent.parent / 'expected.yaml'}:{entry_line}"
+    assert stale["message"] == ("unexpected pass: the expected failure "
+                                f"'tiny/tiny-softmax[float64]' ({where}) no longer fails; "
+                                "its reason: a stale entry: this test passes"), stale
+    md = (out / "bad-scale.md").read_text()
+    block = md.split("### `tiny/tiny-softmax[float64]` (unexpected pass)\n\n```text\n")[1]
+    assert block.split("\n```")[0] == stale["message"]
+    assert "[XPASS(strict)] a stale entry: this test passes" in runs["bad-scale"].stdout
+
+
 
 @pytest.mark.parametrize("backend, options", [
     ("WrongDefaultScale", ()), ("RaisingSoftmax", ()), ("RaisingSoftmax", ("--in-process",))])
@@ -207,8 +223,10 @@ def test_matrix_puts_backends_side_by_side(reports, tmp_path, capsys):
     assert "| tiny | 17/18 (8 xfail) | 18/18 | 10/10, 8 unsupported |" in matrix
     assert "| fully_masked_rows | zeros | zeros | zeros |" in matrix
     written = (out / "matrix.md").read_text()
-    assert ("| tiny-softmax | unexpected pass | bad-scale | tiny | 1 of 4 |  "
-            "| tiny/tiny-softmax[float64] |") in written
+    assert re.search(r"\| tiny-softmax \| unexpected pass \| bad-scale \| tiny \| 1 of 4 \| "
+                     r"unexpected pass: the expected failure 'tiny/tiny-softmax\[float64\]' "
+                     r"\(\S+:5\) no longer fails; its reason: a stale entry: this test passes "
+                     r"\| tiny/tiny-softmax\[float64\] \|", written), written
     assert "tiny-softmax" not in matrix          # the printed matrix counts them instead
     groups = written.count("\n| tiny-")
     assert f"tests in {groups} groups of backend, case and status" in matrix
