@@ -9,7 +9,8 @@ import re
 import numpy as np
 import pytest
 
-from _cli_support import adapter, cli, make_spec, run
+from _cli_support import ROOT, adapter, cli, make_spec, run
+from attention_conformance.backend.interface import Declaration, describe
 from attention_conformance.golden.store import write_manifest, write_npz
 from attention_conformance.model import files
 from attention_conformance.model.files import FileRefused, folder_problem, write_file
@@ -72,6 +73,39 @@ def test_a_passing_backend_report(reports):
         data["worst_test_by_dtype"]["float32"].endswith("[float32]")
     assert len(data["results"]) == 18
     assert "worst error / tolerance: bfloat16" in runs["numpy"].stdout
+
+
+def _report_table() -> dict[str, str]:
+    """docs/cli.md's table of a report's JSON: each key a row names -> the row's content."""
+    page = (ROOT / "docs" / "cli.md").read_text()
+    table = page.split('The JSON (`"format"')[1].split("\n\n")[1]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        keys, content = line.strip("|").split(" | ", 1)
+        rows.update(dict.fromkeys(re.findall(r"`([^`]+)`", keys), content))
+    return rows
+
+
+def _declaring_everything() -> Declaration:
+    """A declaration with every optional part: describe() puts each in the report."""
+    return Declaration(name="all", dtypes=frozenset({"float32"}),
+                       policy={"fully_masked_rows": "zeros"},
+                       op_policy={"sdpa": {"fully_masked_rows": "nan"}},
+                       policy_when=({"when": {"bias": True},
+                                     "policy": {"fully_masked_rows": "nan"}},),
+                       dtype_notes={"float16": "no float16 kernel"},
+                       invariants=("deterministic",), distributed="spmd")
+
+
+def test_docs_name_every_key_of_the_report(reports):
+    """docs/cli.md's table of the JSON names every top-level key of a real report, and its
+    `backend` row every key a declaration can put there (format, profile_cases,
+    backend.policy_when and three more were missing)."""
+    _, out, _ = reports
+    data, rows = _load(out, "numpy"), _report_table()
+    assert set(data) - set(rows) == set()
+    named = set(re.findall(r"`([^`]+)`", rows["backend"]))
+    assert (set(data["backend"]) | set(describe(_declaring_everything()))) - named == set()
 
 
 def test_unsupported_is_reported_apart_from_failures(reports):
