@@ -97,6 +97,9 @@ def test_certify_passes_pytest_options_through_and_writes_junit_xml(tiny, tmp_pa
     skipped = cases["tiny-softmax[bfloat16]"].find("skipped")
     assert skipped.get("message") == "unsupported: backend does not declare dtype bfloat16"
     assert cases["tiny-softmax[float32]"].find("skipped") is None
+    page = (ROOT / "docs" / "cli.md").read_text()         # the classname docs/cli.md gives
+    said = re.search(r"with a classname made\s+from [^(]*\(`([^`]+)`\)", page).group(1)
+    assert {c.get("classname") for c in cases.values()} == {said.replace("TOPIC", "tiny")}
 
 
 def test_certify_exit_status_and_failure_message(tiny):
