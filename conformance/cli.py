@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -231,7 +232,7 @@ def _certify(args, passthrough) -> int:
     default_threads()       # one OpenMP and one OpenBLAS thread, unless the user set them
     argv = certify_argv(args, passthrough)
     if args.show_command:
-        print("pytest " + " ".join(argv))
+        print(shlex.join(["pytest", *argv]))       # a line a shell runs as it is
     return int(pytest.main(argv))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -123,6 +124,25 @@ def test_certify_builds_the_pytest_command_line():
     for pair in (["--dtype", "float16"], ["-k", "mask"], ["--report", "out"]):
         assert " ".join(pair) in " ".join(argv)
     assert str(Path("x/cases").resolve()) in argv
+
+
+def test_show_command_prints_a_line_a_shell_runs_with_the_same_argv(tiny, monkeypatch, capsys):
+    """--show-command joined the argv with spaces: in a shell `-W ignore:Module already
+    imported ...` fell apart into words (pytest: "file or directory not found: already").
+    Quoted, bash hands pytest the very argv that certify passes to pytest.main."""
+    from attention_conformance import terminal
+
+    ran = []
+    monkeypatch.setattr(pytest, "main", lambda argv: ran.append(argv) or 0)
+    monkeypatch.setattr(terminal, "default_threads", lambda: [])     # os.environ untouched
+    result = run(capsys, "--spec-dir", tiny, "certify", "numpy", "-k", "softmax and float32",
+                 "--show-command")
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.splitlines()[0]
+    shell = subprocess.run(["bash", "-c", 'printf "%s\\0" ' + line], capture_output=True,
+                           text=True, check=True)
+    assert shell.stdout.split("\0")[:-1] == ["pytest", *ran[0]], line
+    assert shlex.split(line) == ["pytest", *ran[0]]
 
 
 @pytest.mark.parametrize("option", [["-n", "2"], ["-nauto"], ["--numprocesses=2"],
