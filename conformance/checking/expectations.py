@@ -14,7 +14,6 @@ from .comparison import compare, digits
 from .context import Context
 from ..model.dtypes import output_dtype, round_to
 from ..golden import sampled
-from ..golden.store import GoldenError
 from ..model.case import memo
 from ..model.indexing import parse_index, split_target
 from ..model.ops import OPS
@@ -279,15 +278,14 @@ def check_properties(ctx: Context, properties, policy=None) -> None:
 
 def check_outcome(ctx: Context, outcome: dict, policy=None) -> float:
     """Every part of one outcome (golden, exact, properties), each checked even when
-    another fails; the worst golden error / tolerance."""
+    another fails; the worst golden error / tolerance. Golden data missing or broken
+    (GoldenError) end the judgement: the test is the suite's error (verdict.py)."""
     ratio, problems = 0.0, []
     for part in (_golden_part, _exact_part, _close_part, _properties_part):
         try:
             ratio = max(ratio, part(ctx, outcome, policy))
-        except CheckFailure as exc:
+        except CheckFailure as exc:     # a GoldenError goes on: the suite's, not a failure
             problems.append(str(exc))
-        except GoldenError as exc:
-            problems.append(f"golden data: {exc}")
     if problems:
         raise CheckFailure("\n".join(problems))
     return ratio
@@ -445,5 +443,3 @@ def _collect(result, check, *args):
         result.worst_ratio = max(result.worst_ratio, check(*args) or 0.0)
     except CheckFailure as exc:
         result.failures.append(str(exc))
-    except GoldenError as exc:
-        result.failures.append(f"golden data: {exc}")
