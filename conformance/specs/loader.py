@@ -154,16 +154,28 @@ def _tolerance_dtypes(path: Path, name: str) -> tuple[set | None, list[SpecError
 
 
 def _admit(spec: Spec, case: Case, seen: dict, check_case) -> None:
-    """Add a case to the spec, or its problems: a repeated id, or what check_case finds."""
-    if case.id in seen:
-        spec.errors.append(SpecError(case.file, case.line, case.id,
-                                     f"duplicate case id (first at {seen[case.id]})"))
-        return
-    seen[case.id] = case.where()
+    """Add a case to the spec, or its problems (what check_case finds); its id is noted
+    in `seen` (id -> every case of that id) for _set_aside_duplicates."""
+    seen.setdefault(case.id, []).append(case)
     problems = check_case(case)
     spec.errors += problems
     if not problems:
         spec.cases.append(case)
+
+
+def _set_aside_duplicates(spec: Spec, seen: dict) -> None:
+    """A case id used more than once: neither case wins (the loader cannot know which is
+    the newcomer); each occurrence is a problem naming the others, and none runs."""
+    repeated = {case_id: cases for case_id, cases in seen.items() if len(cases) > 1}
+    if not repeated:
+        return
+    spec.cases = [case for case in spec.cases if case.id not in repeated]
+    for case_id, cases in repeated.items():
+        for case in cases:
+            others = ", ".join(other.where() for other in cases if other is not case)
+            spec.errors.append(SpecError(case.file, case.line, case_id,
+                                         f"duplicate case id (also at {others}): neither "
+                                         "case runs until one is renamed"))
 
 
 def _from_cache(name: str, key: str) -> list[Case] | None:
@@ -234,6 +246,7 @@ def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
             _admit(spec, case, seen, check_case)
         if key and cases and not file_errors and len(spec.errors) == before:
             spec_cache.write(key, cases[0].topic, [(c.line, _plain(c.raw)) for c in cases])
+    _set_aside_duplicates(spec, seen)
     return spec
 
 
