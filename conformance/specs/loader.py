@@ -19,7 +19,7 @@ from ..model.folder import SpecFolder, default_folder
 from .schema import schema_errors, schema_validator
 from .yaml_reader import MAX_FILE_BYTES, SpecError, parse_yaml
 from ..model.tolerances import TolerancesError, load_tolerances
-from .validation import TOPIC_PATTERN, planned_limit, static_errors
+from .validation import TOPIC_PATTERN, number_errors, planned_limit, static_errors
 
 
 def _variants(raw) -> tuple[Variant, ...]:
@@ -62,6 +62,24 @@ def _duplicate_errors(duplicates, raw_cases, name) -> list[tuple[int | None, Spe
         found.append((index, SpecError(name, line, case_id,
                                        f"duplicate key {key!r} (first at line {first})")))
     return found
+
+
+def _number_errors(raw_cases, found, refused, name) -> list[tuple[int, SpecError]]:
+    """The non-finite numbers of each case set aside by the schema (or a duplicate key),
+    which validation would find only once those are fixed, on lines they do not name:
+    one run shows a case's independent problems together. A case refused by a tag or a
+    limit is not walked (its data may not be what it seems, or too large)."""
+    lines: dict[int, set] = {}
+    for index, error in found:
+        if index is not None and index not in refused:
+            lines.setdefault(index, set()).add(error.line)
+    extra = []
+    for index, named in sorted(lines.items()):
+        raw = raw_cases[index] if index < len(raw_cases) else None
+        if isinstance(raw, dict):
+            extra += [(index, error) for error in number_errors(raw, name, raw.get("id"))
+                      if error.line not in named]
+    return extra
 
 
 def _params(raw) -> dict:
@@ -125,6 +143,7 @@ def load_file(path: Path, relative_to: Path | None = None,
         found.append((None, SpecError(name, getattr(document, "key_lines", {}).get("topic", 1), None,
                                       f"topic {topic!r} is not the file's name {path.stem!r}")))
     found += _duplicate_errors(duplicates, raw_cases, name)
+    found += _number_errors(raw_cases, found, refused_indexes, name)
     errors = [error for _, error in sorted(found, key=lambda pair: pair[1].line)]
     if any(index is None for index, _ in found):
         return [], errors          # a problem outside every case: no case of the file loads

@@ -446,6 +446,21 @@ def test_the_plugin_runs_neither_case_of_a_duplicate_id(spec_dir, pytester):
     assert "same-id[float64]" not in result.stdout.str()
 
 
+def test_a_case_the_schema_refuses_has_its_non_finite_numbers_reported_too(spec_dir):
+    """A NaN std beside a scale the schema refuses: both in one run, each at its line;
+    a NaN the schema itself names (an integer seed) is reported once."""
+    text = write(spec_dir, "two", case("two-problems", "seed: 1}", "seed: 1, std: .nan}")
+                 .replace("    dtypes:", "    params: {scale: 1e999}\n    dtypes:")
+                 + case("nan-seed", "seed: 2}", "seed: .nan}"))
+    errors = load_spec(spec_dir / "cases").errors
+    assert [(e.line, e.case_id) for e in errors] == [
+        (line_of(text, "std: .nan"), "two-problems"), (line_of(text, "1e999"), "two-problems"),
+        (line_of(text, "seed: .nan"), "nan-seed")], "\n".join(map(str, errors))
+    assert "inputs/q/normal/std must be a finite number, not nan" in errors[0].message
+    assert "schema: at cases/0/params/scale" in errors[1].message
+    assert "schema: at cases/1/inputs/k/normal/seed" in errors[2].message
+
+
 def test_validate_reports_every_problem_in_one_run(spec_dir):
     texts = {name: write(spec_dir, name, cases_text)
              for name, (cases_text, _, _) in SCENARIOS.items()}
