@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from _cli_support import ROOT, TINY, adapter, cli, make_spec, run
-from attention_conformance.cli import build_parser, certify_argv, main
+from attention_conformance.cli import build_parser, certify_argv, main, passthrough_problem
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +245,27 @@ def test_the_readme_shows_the_installed_path_first():
     assert first.splitlines()[0].startswith("pip install . ")
     assert "attention-conformance certify numpy" in first
     assert text.index("pip install . ") < text.index("pip install -e")
+
+
+@pytest.mark.parametrize("given, line", [
+    (["--case-timeout", "-1"], "argument --case-timeout: must be 0 (off) or more, not -1"),
+    (["--case-timeout=abc"], "argument --case-timeout: not a number: 'abc'"),
+    (["--restart-every", "1.5"], "argument --restart-every: not a whole number: '1.5'"),
+    (["-x", "--case-timeout", "30", "--junitxml", "out.xml"], None)])
+def test_a_bad_value_of_an_option_certify_passes_through_is_one_line(given, line):
+    """The plugin's options certify leaves to pytest are checked by their own types first:
+    pytest would print pytest.main()'s usage and its settings file, /dev/null."""
+    assert passthrough_problem(given) == line
+
+
+def test_certify_refuses_a_bad_passed_through_value_before_any_backend_starts():
+    result = cli("certify", "numpy", "--case-timeout", "-1")
+    assert result.returncode == 4
+    assert result.stderr.strip() == "ERROR: argument --case-timeout: must be 0 (off) or more, not -1"
+
+
+def test_the_synopses_name_every_profile():
+    from attention_conformance.options import PROFILES
+    page = (ROOT / "docs" / "cli.md").read_text()
+    shown = re.findall(r"\[--profile ([\w|]+)\]", page)
+    assert len(shown) >= 3 and all(s.split("|") == list(PROFILES) for s in shown), shown
