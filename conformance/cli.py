@@ -20,8 +20,10 @@ from .model.dtypes import DTYPES
 from .golden.store import GoldenError
 from .model.ops import OPS
 from .model.files import write_file
-from .options import BY_FLAG, FORWARDED, PROFILES, forwarded_argv, not_negative, passthrough_text, rows
+from .options import (BY_FLAG, FORWARDED, PASSTHROUGH, PROFILES, forwarded_argv, not_negative,
+                      passthrough_text, rows)
 from .model.folder import SpecFolder
+from .specs.exact import exact_problems
 from .specs.loader import load_spec
 
 
@@ -85,11 +87,15 @@ def _change_summary(changes) -> list[str]:
 
 
 def _golden(args) -> int:
-    spec = load_spec(_folder(args))
-    for error in spec.errors:
+    folder = _folder(args)
+    spec = load_spec(folder)
+    # an exact value the reference does not give is the spec's error, not every backend's
+    problems = spec.errors or exact_problems(spec.cases, folder.tolerances)
+    for error in problems:
         print(error, file=sys.stderr)
-    if spec.errors:
-        print("fix the spec first: golden data are only made from valid cases", file=sys.stderr)
+    if problems:
+        print("fix the spec first: golden data are only made from valid cases whose exact "
+              "values the float64 reference gives", file=sys.stderr)
         return 1
     if args.action == "regenerate":
         changes = freeze.regenerate(spec.cases, _folder(args))
@@ -126,18 +132,24 @@ def _selected(case, args) -> bool:
     return True
 
 
-def _unknown_topics(spec, args) -> str:
-    """What a selection's --topic names that the spec lacks, with the topics it has."""
-    known = sorted({c.topic for c in spec.cases})
-    unknown = [t for t in args.topic or () if t not in known]
-    if not unknown:
-        return ""
-    return f": no topic {', '.join(unknown)} (topics: {', '.join(known)})"
+def _unknown_names(spec, args) -> str:
+    """What a selection's --topic and --op name that the spec lacks, with what it has."""
+    parts = []
+    for what, given in (("topic", args.topic), ("op", args.op)):
+        known = sorted({getattr(c, what) for c in spec.cases})
+        unknown = [name for name in given or () if name not in known]
+        if unknown:
+            parts.append(f"no {what} {', '.join(unknown)} ({what}s: {', '.join(known)})")
+    return ": " + "; ".join(parts) if parts else ""
 
 
 def _list(args) -> int:
     spec = load_spec(_folder(args), cache=True)
     cases = [c for c in spec.cases if _selected(c, args)]
+    unknown = _unknown_names(spec, args)
+    if unknown:
+        _err("no case selected" + unknown)
+        return 2
     if args.ids:
         for case in cases:
             print(case.id)
@@ -211,6 +223,28 @@ def xdist_problem(passthrough) -> str | None:
     return f"{given} needs pytest-xdist, which is not installed: pip install pytest-xdist"
 
 
+class _Refused(Exception):
+    pass
+
+
+class _Checking(argparse.ArgumentParser):
+    def error(self, message):
+        raise _Refused(message)
+
+
+def passthrough_problem(passthrough) -> str | None:
+    """A bad value of a plugin option certify hands to pytest unparsed (--case-timeout -1),
+    in one line: pytest would print pytest.main()'s usage and its settings file."""
+    parser = _Checking(add_help=False, allow_abbrev=False)
+    for option in rows(PASSTHROUGH):
+        parser.add_argument(option.flag, **option.kwargs())
+    try:
+        parser.parse_known_args(list(passthrough))
+    except _Refused as exc:
+        return str(exc)
+    return None
+
+
 def _no_cases_folder(args) -> str | None:
     """A missing --spec-dir folder, in the loader's words (pytest would say only that
     its --rootdir, the spec folder, was not found)."""
@@ -225,7 +259,7 @@ def _certify(args, passthrough) -> int:
     from .terminal import default_threads
 
     problem = _no_cases_folder(args) or report_problem(args.report) \
-        or xdist_problem(passthrough)
+        or xdist_problem(passthrough) or passthrough_problem(passthrough)
     if problem:                 # before pytest: no backend is started for nothing
         _err(f"ERROR: {problem}")
         return int(pytest.ExitCode.USAGE_ERROR)
@@ -256,7 +290,7 @@ def _export(args) -> int:
         _err(f"no such case (or not selected): {', '.join(missing)}")
         return 2
     if not cases:
-        _err("no case selected" + _unknown_topics(spec, args))
+        _err("no case selected" + _unknown_names(spec, args))
         return 2
     step = max(1, len(cases) // 10)
 

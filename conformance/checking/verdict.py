@@ -16,6 +16,7 @@ import traceback
 
 from ..backend.calling import cast_inputs, checked_outputs
 from ..golden.compute import generated_inputs, rounded_inputs, shares_rounded
+from ..golden.store import GoldenError
 from ..model.errors import BackendCrashed, BackendRaised, CaseTimeout, CheckFailure, Unsupported
 from ..model.case import timeout_factor
 from ..model.dtypes import rounded_and_cast
@@ -32,7 +33,8 @@ STATUSES = {
     "unsupported": "the backend lacks the op, a parameter or the dtype",
     "crash": "the backend's process died",
     "timeout": "no answer within the case's time limit",
-    "error": "the suite's own code failed on the case: never blamed on the backend",
+    "error": "the suite's own code failed on the case, or its golden data are missing or "
+             "broken: never blamed on the backend",
 }
 
 
@@ -91,6 +93,8 @@ def verdict_of(backend, case, variant, dtype, golden, prepared=None, called=None
         if exc.remote_traceback:
             message += "\n" + exc.remote_traceback.rstrip()
         return _verdict("fail", message, start, cause=exc.__cause__)
+    except GoldenError as exc:     # the spec folder's golden data: never the backend's
+        return _verdict("error", f"golden data: {exc}", start)
     except Exception as exc:       # the suite's own code: never blamed on the backend
         message = (f"suite error on case {case.id} ({case.where()}): "
                    f"{type(exc).__name__}: {exc}")

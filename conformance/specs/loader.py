@@ -19,7 +19,7 @@ from ..model.folder import SpecFolder, default_folder
 from .schema import schema_errors, schema_validator
 from .yaml_reader import MAX_FILE_BYTES, SpecError, parse_yaml
 from ..model.tolerances import TolerancesError, load_tolerances
-from .validation import TOPIC_PATTERN, planned_limit, static_errors
+from .validation import TOPIC_PATTERN, number_errors, planned_limit, static_errors
 
 
 def _variants(raw) -> tuple[Variant, ...]:
@@ -62,6 +62,24 @@ def _duplicate_errors(duplicates, raw_cases, name) -> list[tuple[int | None, Spe
         found.append((index, SpecError(name, line, case_id,
                                        f"duplicate key {key!r} (first at line {first})")))
     return found
+
+
+def _number_errors(raw_cases, found, refused, name) -> list[tuple[int, SpecError]]:
+    """The non-finite numbers of each case set aside by the schema (or a duplicate key),
+    which validation would find only once those are fixed, on lines they do not name:
+    one run shows a case's independent problems together. A case refused by a tag or a
+    limit is not walked (its data may not be what it seems, or too large)."""
+    lines: dict[int, set] = {}
+    for index, error in found:
+        if index is not None and index not in refused:
+            lines.setdefault(index, set()).add(error.line)
+    extra = []
+    for index, named in sorted(lines.items()):
+        raw = raw_cases[index] if index < len(raw_cases) else None
+        if isinstance(raw, dict):
+            extra += [(index, error) for error in number_errors(raw, name, raw.get("id"))
+                      if error.line not in named]
+    return extra
 
 
 def _params(raw) -> dict:
@@ -125,6 +143,7 @@ def load_file(path: Path, relative_to: Path | None = None,
         found.append((None, SpecError(name, getattr(document, "key_lines", {}).get("topic", 1), None,
                                       f"topic {topic!r} is not the file's name {path.stem!r}")))
     found += _duplicate_errors(duplicates, raw_cases, name)
+    found += _number_errors(raw_cases, found, refused_indexes, name)
     errors = [error for _, error in sorted(found, key=lambda pair: pair[1].line)]
     if any(index is None for index, _ in found):
         return [], errors          # a problem outside every case: no case of the file loads
@@ -154,16 +173,28 @@ def _tolerance_dtypes(path: Path, name: str) -> tuple[set | None, list[SpecError
 
 
 def _admit(spec: Spec, case: Case, seen: dict, check_case) -> None:
-    """Add a case to the spec, or its problems: a repeated id, or what check_case finds."""
-    if case.id in seen:
-        spec.errors.append(SpecError(case.file, case.line, case.id,
-                                     f"duplicate case id (first at {seen[case.id]})"))
-        return
-    seen[case.id] = case.where()
+    """Add a case to the spec, or its problems (what check_case finds); its id is noted
+    in `seen` (id -> every case of that id) for _set_aside_duplicates."""
+    seen.setdefault(case.id, []).append(case)
     problems = check_case(case)
     spec.errors += problems
     if not problems:
         spec.cases.append(case)
+
+
+def _set_aside_duplicates(spec: Spec, seen: dict) -> None:
+    """A case id used more than once: neither case wins (the loader cannot know which is
+    the newcomer); each occurrence is a problem naming the others, and none runs."""
+    repeated = {case_id: cases for case_id, cases in seen.items() if len(cases) > 1}
+    if not repeated:
+        return
+    spec.cases = [case for case in spec.cases if case.id not in repeated]
+    for case_id, cases in repeated.items():
+        for case in cases:
+            others = ", ".join(other.where() for other in cases if other is not case)
+            spec.errors.append(SpecError(case.file, case.line, case_id,
+                                         f"duplicate case id (also at {others}): neither "
+                                         "case runs until one is renamed"))
 
 
 def _from_cache(name: str, key: str) -> list[Case] | None:
@@ -234,6 +265,7 @@ def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
             _admit(spec, case, seen, check_case)
         if key and cases and not file_errors and len(spec.errors) == before:
             spec_cache.write(key, cases[0].topic, [(c.line, _plain(c.raw)) for c in cases])
+    _set_aside_duplicates(spec, seen)
     return spec
 
 

@@ -233,7 +233,7 @@ def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml", bud
     the file so far (checked against the per-file limits, and added to when the case
     is valid), or None.
     """
-    located = _check_numbers(case) + _check_variants(case)      # (message, path)
+    located = _check_numbers(case.raw) + _check_variants(case)      # (message, path)
     problems = _check_names(case)
     problems += [f"dtype {d!r} has no tolerance in {tolerance_file}"
                  for d in case.dtypes if d not in known_dtypes]
@@ -271,7 +271,7 @@ def static_errors(case, known_dtypes, tolerance_file="spec/tolerances.yaml", bud
         if not problems and not located:
             problems += _check_expect(case, arrays)
     errors = {(p, case.line): None for p in problems}
-    errors.update({(p, _line_at(case, path)): None for p, path in located})
+    errors.update({(p, _line_at(case.raw, path, case.line)): None for p, path in located})
     if budget is not None and not errors:
         budget[0], budget[1] = budget[0] + elements[0], budget[1] + elements[1]
     return [SpecError(case.file, line, case.id, p) for p, line in errors]
@@ -320,7 +320,7 @@ def _scale_errors(case, located, problems):
         if not found:
             problems += _check_expect(case, arrays)
     errors = {(p, case.line): None for p in problems}
-    errors.update({(p, _line_at(case, path)): None for p, path in located})
+    errors.update({(p, _line_at(case.raw, path, case.line)): None for p, path in located})
     return [SpecError(case.file, line, case.id, p) for p, line in errors]
 
 
@@ -340,9 +340,9 @@ def _scale_limit(case, arrays) -> list[str]:
     return []
 
 
-def _line_at(case, path) -> int:
-    """The line of the key or item at `path` in the case's YAML (else the case's line)."""
-    node, line = case.raw, case.line
+def _line_at(raw, path, line) -> int:
+    """The line of the key or item at `path` in a case's YAML (else `line`, its own)."""
+    node = raw
     for key in path:
         try:
             child = node[key]
@@ -374,10 +374,17 @@ def _matches(path, pattern) -> bool:
     return len(path) == len(pattern)
 
 
-def _check_numbers(case) -> list[tuple[str, tuple]]:
+def number_errors(raw, file, case_id) -> list[SpecError]:
+    """_check_numbers of a case's YAML mapping, as SpecErrors: it needs no valid case, so
+    the loader adds it to the schema's problems of a case the schema refuses."""
+    return [SpecError(file, _line_at(raw, path, getattr(raw, "line", 0)), case_id, message)
+            for message, path in _check_numbers(raw)]
+
+
+def _check_numbers(raw) -> list[tuple[str, tuple]]:
     """A number is finite, except where a value may be NaN or infinite."""
     problems = []
-    for path, value in _walk(case.raw):
+    for path, value in _walk(raw):
         if isinstance(value, float) and not math.isfinite(value) \
                 and not any(_matches(path, p) for p in _NONFINITE_ALLOWED):
             where = "/".join(map(str, path))

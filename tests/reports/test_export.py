@@ -509,10 +509,16 @@ def test_export_refuses_an_unknown_case(tmp_path, capsys):
     assert result.returncode == 2 and "no-such-case" in result.stderr
 
 
-def test_export_of_an_unknown_topic_names_the_known_ones(tiny, tmp_path, capsys):
-    result = run(capsys, "--spec-dir", tiny, "export", tmp_path / "x", "--topic", "nosuch")
+@pytest.mark.parametrize("command", ["export", "list"])
+def test_an_unknown_topic_or_op_names_the_known_ones(tiny, tmp_path, capsys, command):
+    where = [tmp_path / "x"] if command == "export" else []
+    result = run(capsys, "--spec-dir", tiny, command, *where, "--topic", "nosuch")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == ["no case selected: no topic nosuch (topics: tiny)"]
+    result = run(capsys, "--spec-dir", tiny, command, *where, "--op", "sdpaa", "--topic", "tiny")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "no case selected: no op sdpaa (ops: attention_weights, sdpa, self_attention, softmax)"]
 
 
 @pytest.mark.parametrize("fmt", ["npz", "json"])

@@ -1,5 +1,7 @@
-"""Golden data that are missing, truncated or changed fail their cases with the reason."""
+"""Golden data that are missing, truncated or changed make their tests the suite's error
+(status `error`, never a `fail` blamed on the backend), with the reason."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -9,10 +11,10 @@ from attention_conformance.backends.numpy import NumpyBackend
 from attention_conformance.golden import compute as golden_compute
 from attention_conformance.golden import freeze as golden_freeze
 from attention_conformance.golden import store as golden_store
-from attention_conformance.model.errors import CheckFailure
 from attention_conformance.backend.in_process import InProcess
-from attention_conformance.checking.verdict import run_case
+from attention_conformance.checking.verdict import run_case, verdict_of
 from attention_conformance.specs.loader import load_spec
+from _cli_support import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,9 +53,11 @@ def run(case, directory):
 
 
 def failure(case, directory) -> str:
-    with pytest.raises(CheckFailure) as caught:
-        run(case, directory)
-    return str(caught.value)
+    """The message of the test's verdict, which is the suite's error, never a fail."""
+    verdict = verdict_of(InProcess(NumpyBackend()), case, case.variants[0], "float32",
+                         golden_store.GoldenStore(directory))
+    assert verdict["status"] == "error", verdict
+    return verdict["message"]
 
 
 def test_intact_golden_data_pass(frozen):
@@ -102,14 +106,32 @@ def test_file_not_in_the_manifest(frozen):
     assert f"is not listed in {directory / 'SHA256SUMS'}" in failure(case, directory)
 
 
-def test_other_expectations_are_still_checked(frozen, monkeypatch):
-    """With the golden data gone, a property that fails is reported beside the reason."""
+def test_a_missing_file_is_an_error_even_where_the_backend_is_wrong(frozen, monkeypatch):
+    """With the golden data gone the test is not judged: an error naming the file, never
+    a fail, whatever the backend returns."""
     case, directory = frozen
     (directory / "tiny.npz").unlink()
     monkeypatch.setattr(NumpyBackend, "sdpa", lambda self, q, k, v, **kw: q[:, :4] * float("nan"))
-    lines = failure(case, directory).splitlines()
-    assert lines[0].startswith("golden data: golden file") and "is missing" in lines[0]
-    assert lines[1].startswith("property finite: out holds")
+    assert failure(case, directory) == (f"golden data: golden file {directory / 'tiny.npz'} "
+                                        "is missing (run: attention-conformance golden regenerate)")
+
+
+@pytest.mark.parametrize("manifest", ["kept", "rewritten"])
+def test_certify_reports_a_missing_golden_file_as_an_error(frozen, tmp_path, manifest):
+    """certify numpy on a spec folder whose golden file is gone, its manifest listing it
+    still or written again without it: each test of the topic is an error naming it."""
+    case, directory = frozen
+    (directory / "tiny.npz").unlink()
+    if manifest == "rewritten":
+        golden_store.write_manifest(directory)
+    done = cli("--spec-dir", directory.parent / "cases", "certify", "numpy", "--report",
+               tmp_path / "report", "-p", "no:cacheprovider", "-q")
+    assert done.returncode == 1, done.stdout + done.stderr
+    [record] = json.loads((tmp_path / "report" / "numpy.json").read_text())["results"]
+    assert record["status"] == "error", record
+    assert record["message"].startswith(f"golden data: golden file {directory / 'tiny.npz'} "
+                                        "is missing"), record
+    assert "ERROR tiny/tiny-sdpa[float32]: golden data: golden file" in done.stdout, done.stdout
 
 
 def test_regenerating_unchanged_data_changes_no_byte(frozen):

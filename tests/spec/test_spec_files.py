@@ -8,6 +8,7 @@ from _real_spec import real_spec
 from attention_conformance.golden import freeze as golden_freeze, store as golden_store
 from attention_conformance.model.folder import default_folder
 from attention_conformance.model.ops import OPS
+from attention_conformance.specs.exact import exact_problems
 
 CASES_DIR = default_folder().cases_dir
 GOLDEN_DIR = default_folder().golden_dir
@@ -61,6 +62,13 @@ def test_golden_manifest_lists_exactly_the_golden_files():
 def test_golden_data_match_the_reference(spec):
     problems = golden_freeze.check(spec.cases, GOLDEN_DIR)
     assert not problems, "\n".join(problems[:20])
+
+
+def test_exact_values_are_the_references(spec):
+    """Every quick case's exact values hold for the float64 reference, by the checker's
+    rule (what golden regenerate and golden check require)."""
+    problems = exact_problems(spec.cases, default_folder().tolerances)
+    assert not problems, "\n".join(map(str, problems[:20]))
 
 
 def test_coverage_table_names_only_existing_cases(spec):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from _cli_support import ROOT, TINY, adapter, cli, make_spec, run
-from attention_conformance.cli import build_parser, certify_argv, main
+from attention_conformance.cli import build_parser, certify_argv, main, passthrough_problem
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,42 @@ def test_golden_regenerate_shows_which_cases_changed_and_by_how_much(tmp_path, c
     assert re.search(r"1 cases changed:\n  tiny-self-attention: 2 changed "
                      r"\(max abs change \d\.\d+(e[-+]\d+)?\)", result.stdout), result.stdout
     assert run(capsys, "--spec-dir", cases, "golden", "check").returncode == 0
+
+
+#: TINY with exact values the reference does not give: the causal first row is [1, 0, 0, 0],
+#: and under fully_masked_rows=zeros the empty second row is 0
+WRONG_EXACT = TINY.replace('exact: {"[0]": [1, 0, 0, 0]}', 'exact: {"[0]": [0.5, 0.5, 0, 0]}') \
+    .replace("zeros: {golden: true}", 'zeros: {golden: true, exact: {"[1]": 1}}')
+
+
+def _wrong_exact_lines(text) -> list[str]:
+    """The lines golden regenerate and golden check must print for WRONG_EXACT."""
+    weights, empty = (_line_of(text, needle) for needle in ("[0.5, 0.5, 0, 0]", '"[1]": 1'))
+    return [f"spec/cases/tiny.yaml:{weights}: case 'tiny-weights-causal': exact '[0]': the "
+            "float64 reference gives 1 at [0] of the selection [float64], the case states 0.5",
+            f"spec/cases/tiny.yaml:{empty}: case 'tiny-empty-row': exact '[1]' under "
+            "fully_masked_rows=zeros: the float64 reference gives 0 at [0] of the selection "
+            "[float64], the case states 1"]
+
+
+def _line_of(text, needle) -> int:
+    return [n for n, row in enumerate(text.splitlines(), 1) if needle in row][0]
+
+
+def test_golden_commands_refuse_an_exact_value_the_reference_does_not_give(tmp_path, capsys):
+    cases = tmp_path / "spec" / "cases"
+    cases.mkdir(parents=True)
+    (cases / "tiny.yaml").write_text(WRONG_EXACT)
+    assert run(capsys, "--spec-dir", cases, "validate").returncode == 0   # valid, as written
+    refused = run(capsys, "--spec-dir", cases, "golden", "regenerate")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stderr.splitlines()[:2] == _wrong_exact_lines(WRONG_EXACT), refused.stderr
+    assert not list(tmp_path.glob("spec/golden/*")), "regenerate wrote golden data"
+    make_spec(tmp_path)                 # right golden data, then the wrong values again
+    (cases / "tiny.yaml").write_text(WRONG_EXACT)
+    checked = run(capsys, "--spec-dir", cases, "golden", "check")
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert checked.stderr.splitlines()[:2] == _wrong_exact_lines(WRONG_EXACT), checked.stderr
 
 
 def test_certify_passes_pytest_options_through_and_writes_junit_xml(tiny, tmp_path):
@@ -232,3 +268,27 @@ def test_the_readme_shows_the_installed_path_first():
     assert first.splitlines()[0].startswith("pip install . ")
     assert "attention-conformance certify numpy" in first
     assert text.index("pip install . ") < text.index("pip install -e")
+
+
+@pytest.mark.parametrize("given, line", [
+    (["--case-timeout", "-1"], "argument --case-timeout: must be 0 (off) or more, not -1"),
+    (["--case-timeout=abc"], "argument --case-timeout: not a number: 'abc'"),
+    (["--restart-every", "1.5"], "argument --restart-every: not a whole number: '1.5'"),
+    (["-x", "--case-timeout", "30", "--junitxml", "out.xml"], None)])
+def test_a_bad_value_of_an_option_certify_passes_through_is_one_line(given, line):
+    """The plugin's options certify leaves to pytest are checked by their own types first:
+    pytest would print pytest.main()'s usage and its settings file, /dev/null."""
+    assert passthrough_problem(given) == line
+
+
+def test_certify_refuses_a_bad_passed_through_value_before_any_backend_starts():
+    result = cli("certify", "numpy", "--case-timeout", "-1")
+    assert result.returncode == 4
+    assert result.stderr.strip() == "ERROR: argument --case-timeout: must be 0 (off) or more, not -1"
+
+
+def test_the_synopses_name_every_profile():
+    from attention_conformance.options import PROFILES
+    page = (ROOT / "docs" / "cli.md").read_text()
+    shown = re.findall(r"\[--profile ([\w|]+)\]", page)
+    assert len(shown) >= 3 and all(s.split("|") == list(PROFILES) for s in shown), shown
