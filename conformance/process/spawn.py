@@ -117,8 +117,9 @@ def remove_folder(log) -> None:
 
 
 def log_tail(log, size: int = 1500) -> str:
-    """The end of a process's log as '; its last output:' and the text ('' if none),
-    its control characters shown as escapes (it reaches the user's terminal)."""
+    """The end of a process's log as a line 'its last output:' and the text ('' if none),
+    its control characters shown as escapes (it reaches the user's terminal). On lines of
+    its own: a failure's first line is its reason, then come the test, case and op."""
     try:
         with open(log.name, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - size))
@@ -126,7 +127,7 @@ def log_tail(log, size: int = 1500) -> str:
     except OSError:
         return ""
     text = printable(text).strip()
-    return f"; its last output:\n{text}" if text else ""
+    return f"\nits last output:\n{text}" if text else ""
 
 
 def ending(code: int | None) -> str:
