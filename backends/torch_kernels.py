@@ -29,6 +29,7 @@ import warnings
 
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ._signature import signed
 from .torch import TorchBackend, _attend, _broadcast, _is_gqa, _to_4d
 
 _REFUSED = ("No available kernel", "No viable backend for scaled_dot_product_attention")
@@ -63,6 +64,12 @@ def _attend_4d(q, k, v, *, mask=None, bias=None, **params):
     q4, k4, v4 = (_to_4d(t, rank, lead) for t in (q, k, v))
     out = _attend(q4, k4, v4, mask=scores(mask), bias=scores(bias), **params)
     return out.reshape(*q.shape[:-1], out.shape[-1])
+
+
+def _keywords_of(parent_method):
+    """An override shows the keywords of torch's own method, not its bare **params: a case
+    whose param that method lacks is unsupported, never called and failed."""
+    return lambda method: signed(method, parent_method)
 
 
 class _KernelBackend(TorchBackend):
@@ -136,14 +143,17 @@ class _KernelBackend(TorchBackend):
         raise NotImplementedError(f"{self.name}: scores call no SDPA kernel "
                                   "(certified by the torch backend)")
 
+    @_keywords_of(TorchBackend.attention_weights)
     def attention_weights(self, q, k, *, softcap=None, **params):
         self._no_softcap(softcap, self.name)
         return super().attention_weights(q, k, **params)
 
+    @_keywords_of(TorchBackend.sdpa)
     def sdpa(self, q, k, v, *, softcap=None, **params):
         self._no_softcap(softcap, self.name)
         return super().sdpa(q, k, v, **params)
 
+    @_keywords_of(TorchBackend.sdpa_vjp)
     def sdpa_vjp(self, q, k, v, d_out, *, softcap=None, **params):
         self._no_softcap(softcap, self.name)
         return super().sdpa_vjp(q, k, v, d_out, **params)
