@@ -187,9 +187,11 @@ def _crash_behind(started, answers, op, world) -> None:
     from multiprocessing.connection import wait
 
     silent = [r for r in range(world) if answers[r] is None]
-    wait([started[r][0].sentinel for r in silent], timeout=GRACE)
+    ended = set(wait([started[r][0].sentinel for r in silent], timeout=GRACE))
     for r in silent:
         process, receive = started[r]
+        if process.sentinel in ended:   # its files are closed, but it may not be reaped yet
+            process.join(GRACE)
         if not process.is_alive():
             answers[r] = _receive(receive)
             if answers[r] is None:
