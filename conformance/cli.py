@@ -24,7 +24,7 @@ from .options import (BY_FLAG, FORWARDED, PASSTHROUGH, PROFILES, forwarded_argv,
                       passthrough_text, rows)
 from .model.folder import SpecFolder
 from .specs.exact import exact_problems
-from .specs.loader import load_spec
+from .specs.loader import load_spec, missing_cases_folder
 
 
 def _folder(args) -> SpecFolder:
@@ -98,7 +98,7 @@ def _golden(args) -> int:
               "values the float64 reference gives", file=sys.stderr)
         return 1
     if args.action == "regenerate":
-        changes = freeze.regenerate(spec.cases, _folder(args))
+        changes = freeze.regenerate(spec.cases, folder)
         for key, what in changes:
             print(f"{key}: {what}")
         print(f"{len(changes)} golden arrays changed")
@@ -107,7 +107,7 @@ def _golden(args) -> int:
             print(f"{len(summary)} cases changed:")
             print("\n".join(summary))
         return 0
-    problems = freeze.check(spec.cases, _folder(args))
+    problems = freeze.check(spec.cases, folder)
     for problem in problems:
         print(problem)
     print("golden data match the reference" if not problems else f"{len(problems)} problems")
@@ -245,20 +245,14 @@ def passthrough_problem(passthrough) -> str | None:
     return None
 
 
-def _no_cases_folder(args) -> str | None:
-    """A missing --spec-dir folder, in the loader's words (pytest would say only that
-    its --rootdir, the spec folder, was not found)."""
-    cases_dir = _cases_dir(args)
-    return None if cases_dir.is_dir() else f"{cases_dir}: no such folder of case files"
-
-
 def _certify(args, passthrough) -> int:
     import pytest
 
     from .reports.markdown import report_problem
     from .terminal import default_threads
 
-    problem = _no_cases_folder(args) or report_problem(args.report) \
+    missing = missing_cases_folder(_cases_dir(args))
+    problem = (missing and str(missing)) or report_problem(args.report) \
         or xdist_problem(passthrough) or passthrough_problem(passthrough)
     if problem:                 # before pytest: no backend is started for nothing
         _err(f"ERROR: {problem}")

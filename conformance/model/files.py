@@ -23,9 +23,12 @@ class FileRefused(OSError):
     """A file or folder the suite will not write (its message is one line)."""
 
 
-def folder_problem(folder) -> str | None:
+def folder_problem(folder, *, probe: bool = False) -> str | None:
     """Why files may not be written into folder, or None (an absent folder is fine
-    when it can be made)."""
+    when it can be made). probe (a check before a run): try making an empty folder there,
+    which permission bits miss on a read-only file system, and root passes them all;
+    without it (before each file written) the bits alone, and a write that still fails
+    raises its own OSError."""
     folder = Path(os.path.abspath(folder))
     if folder.is_symlink():
         return (f"{folder} is a symbolic link; name the folder itself "
@@ -35,16 +38,12 @@ def folder_problem(folder) -> str | None:
         return f"{folder} cannot be made: {existing} is not a folder"
     if not existing.is_dir():
         return f"{folder} exists and is not a folder"
-    return _unwritable(existing)
-
-
-def _unwritable(folder: Path) -> str | None:
-    """Why nothing can be made in folder, found by making (and removing) an empty folder
-    there: permission bits alone miss a read-only file system, and root passes them all."""
+    if not probe:
+        return None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".attention-conformance-probe-", dir=folder))
+        os.rmdir(tempfile.mkdtemp(prefix=".attention-conformance-probe-", dir=existing))
     except OSError as exc:
-        return f"{folder} is not writable ({exc.strerror or exc})"
+        return f"{existing} is not writable ({exc.strerror or exc})"
     return None
 
 

@@ -374,7 +374,7 @@ def _fraction(counts: dict) -> str:
 def report_problem(directory) -> str | None:
     """Why --report DIR cannot be written (one line), or None: asked before a run, so
     that a run's report is never lost at its end."""
-    problem = directory and folder_problem(directory)
+    problem = directory and folder_problem(directory, probe=True)
     return f"--report {directory}: {problem}" if problem else None
 
 

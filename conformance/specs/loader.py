@@ -212,6 +212,13 @@ def _from_cache(name: str, key: str) -> list[Case] | None:
     return None if any(planned_limit(case) for case in cases) else cases
 
 
+def missing_cases_folder(cases_dir: Path) -> SpecError | None:
+    """The problem of a folder of case files that is not there (certify asks it before
+    pytest, which would say only that its --rootdir was not found)."""
+    return None if cases_dir.is_dir() else SpecError(cases_dir, 0, None,
+                                                    "no such folder of case files")
+
+
 def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
               cache=False) -> Spec:
     """Every case of a spec folder, with every problem found (nothing is raised).
@@ -224,8 +231,9 @@ def load_spec(folder: SpecFolder | Path | str | None = None, *, check=True,
     if not isinstance(folder, SpecFolder):
         folder = default_folder() if folder is None else SpecFolder.at(folder)
     cases_dir = folder.cases_dir
-    if not cases_dir.is_dir():
-        return Spec([], [SpecError(cases_dir, 0, None, "no such folder of case files")])
+    missing = missing_cases_folder(cases_dir)
+    if missing:
+        return Spec([], [missing])
     root = folder.root.parent
     schema, tolerances = folder.schema_file, folder.tolerances_file
     tolerance_name = _file_name(tolerances, root)

@@ -15,6 +15,7 @@ from attention_conformance.golden.store import write_manifest, write_npz
 from attention_conformance.model import files
 from attention_conformance.model.files import FileRefused, folder_problem, write_file
 from attention_conformance.model.policies import POLICIES
+from attention_conformance.reports.markdown import report_problem
 from attention_conformance.reports.results import FORMAT, spec_hash
 
 EXPECTED = """\
@@ -389,16 +390,21 @@ def test_a_spec_problem_is_named_in_the_summary_the_report_and_the_matrix(tmp_pa
 
 def test_a_folder_where_nothing_can_be_made_is_refused_whatever_its_bits_say(tmp_path,
                                                                             monkeypatch):
-    """A read-only file system, or root's view of /sys: the folder is probed by making
-    (and removing) an empty folder in it, not judged by its permission bits."""
-    assert folder_problem(tmp_path / "reports") is None and not list(tmp_path.iterdir())
+    """A read-only file system, or root's view of /sys: before a run the folder is probed
+    by making (and removing) an empty folder in it, not judged by its permission bits;
+    before each file written (make_folder) no probe is made, the bits alone."""
+    assert folder_problem(tmp_path / "reports", probe=True) is None
+    assert not list(tmp_path.iterdir())
 
     def read_only(**kw):
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(files.tempfile, "mkdtemp", read_only)
-    assert folder_problem(tmp_path / "reports") == \
+    assert folder_problem(tmp_path / "reports", probe=True) == \
         f"{tmp_path} is not writable (Read-only file system)"
+    assert report_problem(tmp_path / "reports") == \
+        f"--report {tmp_path / 'reports'}: {tmp_path} is not writable (Read-only file system)"
+    assert folder_problem(tmp_path / "reports") is None      # no probe on the write path
 
 
 FILLS_THE_REPORTS_PLACE = """
