@@ -26,7 +26,7 @@ import numpy as np
 
 from ..model.dtypes import dtype_name, numpy_dtype, output_dtype
 from ..model.layout import split as split_layout, views as strided_views
-from ..model.errors import BackendCrashed, BackendRaised, CheckFailure, Unsupported
+from ..model.errors import BackendCrashed, BackendRaised, CheckFailure, SuiteError, Unsupported
 from ..model.ops import OPS, output_shapes, outputs_for
 from ..model.sharding import FORMS, Sharding, gather, shard_description, shard_inputs, shard_shape
 from .calling import assert_unchanged, invoke, output_tuple, snapshot, unaccepted, unaccepted_text
@@ -38,6 +38,11 @@ POLL = 0.05
 
 class RankCrashed(BackendCrashed):
     """A rank's process died during a sharded call: the whole group was ended."""
+
+
+class GroupUnformed(SuiteError):
+    """A rank could not join its group (the suite's rendezvous on the loopback, before the
+    backend's method is called): tried once more, then the suite's error, not a fail."""
 
 
 def dispatch(adapter, op: str, arrays: dict, params: dict):
@@ -78,7 +83,10 @@ def invoke_sharded(adapter, op: str, arrays: dict, params: dict):
     if form == "spmd":
         results = _spmd(method, op, shards, places, sharding, rest)
     else:
-        results = _ranks(form, method, op, shards, places, sharding, rest)
+        try:
+            results = _ranks(form, method, op, shards, places, sharding, rest)
+        except GroupUnformed:       # a loopback rendezvous that failed (a peer's port taken
+            results = _ranks(form, method, op, shards, places, sharding, rest)    # meanwhile)
     assert_unchanged(before, arrays)
     return _gathered(op, arrays, params, results, places)
 
@@ -214,6 +222,8 @@ def _result(op, shard, r, world, answer) -> tuple:
     if answer is None:
         raise CheckFailure(f"rank {r} of {world} gave no answer")   # another rank failed first
     kind, *rest = answer
+    if kind == "unformed":
+        raise GroupUnformed(f"rank {r} of {world} could not join its group: {rest[0]}")
     if kind == "unsupported":
         raise Unsupported(f"rank {r} of {world}: {rest[0]}")
     if kind == "raised":

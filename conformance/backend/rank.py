@@ -76,15 +76,18 @@ def context(form: str = "torch.distributed"):
 def main(job: Job, method, args, keywords, answer) -> None:
     """The rank's whole life; it never returns."""
     _die_with_parent()
+    joined = False
     try:
         _join(job)
+        joined = True
         result = method(*args, **keywords, shard=job.shard)
         _barrier(job)
         answer.send(("outputs", _plain(result)))
     except NotImplementedError as exc:
         _send(answer, ("unsupported", str(exc) or type(exc).__name__))
     except BaseException as exc:
-        _send(answer, ("raised", f"{type(exc).__name__}: {_text(exc)}",
+        # a group that could not form (the suite's loopback rendezvous) is not the backend's
+        _send(answer, ("raised" if joined else "unformed", f"{type(exc).__name__}: {_text(exc)}",
                        "".join(traceback.format_exception(exc, limit=-4))[-4000:]))
     finally:
         if job.form == "jax.distributed":

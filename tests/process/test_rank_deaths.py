@@ -43,3 +43,13 @@ def test_a_peers_error_gives_way_to_a_rank_whose_death_is_not_yet_reaped():
         distributed._crash_behind([(None, Silent()), (dying, Silent())], answers,
                                   "sdpa_lse", 2)
     os.close(dying.sentinel)
+
+
+def test_a_group_that_cannot_form_is_the_suites_error_not_the_backends():
+    """A rank that fails in the rendezvous (before the method runs) answers 'unformed':
+    the group is started again once by invoke_sharded, then the test is the suite's error."""
+    from attention_conformance.backend.distributed import GroupUnformed, _result
+
+    with pytest.raises(GroupUnformed, match="rank 0 of 4 could not join its group: "
+                                            "RuntimeError: Gloo connectFullMesh failed"):
+        _result("sdpa", {}, 0, 4, ("unformed", "RuntimeError: Gloo connectFullMesh failed", ""))
